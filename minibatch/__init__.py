@@ -1,0 +1,1 @@
+"""minibatch: a compact LLM inference engine and a course on dynamic batching."""
