@@ -1,0 +1,251 @@
+"""The engine loop: admit requests, schedule a step, execute it, apply its tokens.
+
+    step():  batch = scheduler.schedule(now)      # which tokens of which requests
+             out   = executor.execute(batch)      # model forward + sampling
+             update(batch, out)                   # counters, stop checks, finished requests
+
+Every event (arrival, schedule, first token, token, preempt, finish, abort, reject)
+goes to the listeners registered with :meth:`LLMEngine.subscribe`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+from minibatch.clock import make_clock
+from minibatch.config import EngineConfig
+from minibatch.kv_cache import KVCacheManager
+from minibatch.metrics import StepRecord
+from minibatch.request import Request, RequestOutput, RequestStatus
+from minibatch.sampling_params import SamplingParams
+from minibatch.scheduler import Scheduler
+from minibatch.tokenizer import IncrementalDetokenizer, load_tokenizer
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None, clock="wall", executor=None, **kwargs):
+        self.config = config or EngineConfig.from_kwargs(**kwargs)
+        self.clock = make_clock(clock)
+        if executor is None:
+            executor = self._make_executor()
+        self.executor = executor
+        mc = getattr(executor, "model_config", None)
+        self.eos_token_ids: tuple[int, ...] = tuple(mc.eos_token_ids) if mc is not None else ()
+        self.max_model_len = self._max_model_len()
+        self.tokenizer = None
+        path = self.config.tokenizer or getattr(executor, "model_path", None)
+        if path is not None:
+            self.tokenizer = load_tokenizer(path)
+        self.vocab_size = mc.vocab_size if mc is not None else None
+        self.kv = KVCacheManager(executor.num_kv_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.config, self.kv)
+        self.requests: dict[str, Request] = {}
+        self.finished: list[Request] = []
+        self.steps: list[StepRecord] = []
+        self.stream_text = False
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._ids = itertools.count()
+        self._listeners: list[Callable] = []
+        self.num_rejected = 0
+
+    def _make_executor(self):
+        if self.config.executor == "model":
+            from minibatch.executor import ModelExecutor
+            return ModelExecutor(self.config)
+        from minibatch.sim_executor import SimExecutor  # noqa: PLC0415  (issue: simulator)
+        return SimExecutor(self.config)
+
+    def _max_model_len(self) -> int:
+        mc = getattr(self.executor, "model_config", None)
+        limit = self.config.max_model_len
+        model_max = getattr(mc, "max_position_embeddings", None) or getattr(self.executor, "max_model_len", None)
+        if mc is not None and mc.sliding_window:
+            model_max = min(model_max, mc.sliding_window)
+        if limit is None:
+            return int(model_max)
+        if model_max is not None and limit > model_max:
+            raise ValueError(f"max_model_len={limit} exceeds what the model supports ({model_max})")
+        return limit
+
+    # -- events ------------------------------------------------------------------------
+    def subscribe(self, fn: Callable[[str, float, Request, dict], None]) -> None:
+        """Call ``fn(event, time, request, info)`` on every request event."""
+        self._listeners.append(fn)
+
+    def _emit(self, event: str, req: Request, **info) -> None:
+        for fn in self._listeners:
+            fn(event, self.clock.now(), req, info)
+
+    # -- requests ----------------------------------------------------------------------
+    def tokenize(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer; pass the prompt as a list of token ids")
+            if prompt == "":
+                raise ValueError("empty prompt: a request needs at least one token")
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
+        ids = list(prompt)
+        if any(not isinstance(t, int) or isinstance(t, bool) for t in ids):
+            raise ValueError("a token-id prompt must be a list of integers")
+        return None, ids
+
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise ``ValueError`` naming the problem if the request can never be served."""
+        n = len(prompt_ids)
+        if n == 0:
+            raise ValueError("empty prompt: a request needs at least one token")
+        if self.vocab_size is not None and any(t < 0 or t >= self.vocab_size for t in prompt_ids):
+            bad = next(t for t in prompt_ids if t < 0 or t >= self.vocab_size)
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        if n >= self.max_model_len:
+            raise ValueError(f"prompt of {n} tokens is too long: max_model_len is {self.max_model_len} "
+                             f"(the prompt plus at least one generated token must fit)")
+        if not self.config.enable_chunked_prefill and n > self.config.max_num_batched_tokens:
+            raise ValueError(f"prompt of {n} tokens exceeds max_num_batched_tokens="
+                             f"{self.config.max_num_batched_tokens} and chunked prefill is off")
+        need = min(n + params.max_tokens, self.max_model_len)
+        blocks = self.kv.blocks_for(need)
+        if blocks > self.kv.num_blocks:
+            raise ValueError(f"request needs {blocks} KV blocks ({need} tokens) but the whole cache has "
+                             f"only {self.kv.num_blocks}; it can never be served")
+
+    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
+                    arrival_time: float | None = None, priority: int = 0, tenant: str | None = None) -> str:
+        """Queue a request; raises ``ValueError`` (and queues nothing) on bad input."""
+        params = params or SamplingParams()
+        params.validate()
+        text, ids = self.tokenize(prompt)
+        self.validate(ids, params)
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self.requests:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        now = self.clock.now()
+        req = Request(request_id, ids, params, now if arrival_time is None else arrival_time,
+                      eos_token_ids=self.eos_token_ids, priority=priority, tenant=tenant, prompt=text)
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+        self._emit("arrival", req)
+        return request_id
+
+    def abort_request(self, request_id: str) -> bool:
+        req = self.requests.get(request_id)
+        if req is None or req.is_finished:
+            return False
+        self._finish(req, RequestStatus.FINISHED_ABORTED)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # -- the loop ------------------------------------------------------------------------
+    def step(self) -> list[Request]:
+        """Run one step; return the requests that got a token or finished in it."""
+        start = self.clock.now()
+        batch = self.scheduler.schedule(start)
+        for req in batch.preempted:
+            self._emit("preempt", req)
+        if not batch:
+            return []
+        num_decode_seqs = batch.num_decode_tokens
+        num_prefill_tokens = batch.num_prefill_tokens
+        for req, n in batch.items:
+            if req.policy_state.get("_scheduled_once") is None:
+                req.policy_state["_scheduled_once"] = True
+                self._emit("schedule", req)
+        out = self.executor.execute(batch, self.kv)
+        self.clock.advance(out.duration)
+        now = self.clock.now()
+        for req, n in batch.items:
+            req.num_computed_tokens += n
+            self.kv.cache_full_blocks(req)
+        touched: list[Request] = []
+        for req, token in out.sampled:
+            self._append_token(req, token, now)
+            touched.append(req)
+        self.scheduler.policy.on_step(batch.items, now)
+        self.steps.append(StepRecord(
+            step=len(self.steps), start_time=start, duration=now - start, forward_time=out.forward_time,
+            num_seqs=batch.num_seqs,
+            num_prefill_seqs=batch.num_seqs - num_decode_seqs, num_decode_seqs=num_decode_seqs,
+            num_prefill_tokens=num_prefill_tokens, num_decode_tokens=num_decode_seqs,
+            num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running),
+            num_preempted=len(batch.preempted), kv_blocks_used=self.kv.num_used_blocks,
+            kv_blocks_total=self.kv.num_blocks))
+        return touched
+
+    def _append_token(self, req: Request, token: int, now: float) -> None:
+        req.output_token_ids.append(token)
+        req.token_times.append(now)
+        if req.first_token_time is None:
+            req.first_token_time = now
+            self._emit("first_token", req)
+        self._emit("token", req, token=token)
+        p = req.sampling_params
+        status = None
+        if not p.ignore_eos and token in req.eos_token_ids:
+            status = RequestStatus.FINISHED_STOPPED
+        elif token in p.stop_token_ids:
+            status, req.stop_reason = RequestStatus.FINISHED_STOPPED, token
+        if self.tokenizer is not None and (p.stop or self.stream_text):
+            detok = self._detok.get(req.request_id)
+            if detok is None:
+                detok = self._detok[req.request_id] = IncrementalDetokenizer(self.tokenizer)
+            detok.push(token)
+            req.output_text = detok.text
+            if status is None and p.stop:
+                hit = _find_stop(req.output_text, p.stop)
+                if hit is not None:
+                    cut, s = hit
+                    req.output_text = req.output_text[:cut]
+                    status, req.stop_reason = RequestStatus.FINISHED_STOPPED, s
+        if status is None and (req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len):
+            status = RequestStatus.FINISHED_LENGTH
+        if status is not None:
+            self._finish(req, status)
+
+    def _finish(self, req: Request, status: RequestStatus) -> None:
+        req.status = status
+        req.finish_time = self.clock.now()
+        self.scheduler.remove(req)
+        if self.tokenizer is not None and req.request_id not in self._detok:
+            req.output_text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
+        self._detok.pop(req.request_id, None)
+        self.finished.append(req)
+        self._emit("abort" if status is RequestStatus.FINISHED_ABORTED else "finish", req)
+
+    def reject(self, prompt, params, error: str, request_id: str | None = None,
+               arrival_time: float | None = None) -> Request:
+        """Record a request that failed validation, so that none is lost silently."""
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        ids = list(prompt) if isinstance(prompt, (list, tuple)) else []
+        req = Request(request_id, ids, params if isinstance(params, SamplingParams) else SamplingParams(),
+                      self.clock.now() if arrival_time is None else arrival_time,
+                      prompt=prompt if isinstance(prompt, str) else None)
+        req.status = RequestStatus.REJECTED
+        req.error = error
+        req.finish_time = req.arrival_time
+        self.num_rejected += 1
+        self.finished.append(req)
+        self._emit("reject", req, error=error)
+        return req
+
+    def output(self, request_id: str) -> RequestOutput:
+        return RequestOutput.of(self.requests[request_id])
+
+
+def _find_stop(text: str, stops: list[str]) -> tuple[int, str] | None:
+    best = None
+    for s in stops:
+        i = text.find(s)
+        if i >= 0 and (best is None or i < best[0]):
+            best = (i, s)
+    return best

@@ -1,0 +1,147 @@
+"""Executors run one scheduled batch. ``ModelExecutor`` runs the real model.
+
+The executor owns the KV tensors: one ``(K, V)`` pair per layer, each
+``[num_kv_blocks, block_size, num_kv_heads, head_dim]``, allocated once at start-up,
+so a step never allocates KV memory. For each step it flattens the batch into token
+ids, positions and cache slots (``slot = block_table[p // block_size] * block_size
++ p % block_size``), runs the model, and samples the requests whose prompt (or
+recompute) is now fully in the cache.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from minibatch.config import EngineConfig
+from minibatch.kv_cache import KVCacheManager
+from minibatch.model.llama import AttentionMetadata
+from minibatch.model.loader import load_model
+from minibatch.request import Request
+from minibatch.sampler import sample
+from minibatch.scheduler import ScheduledBatch
+
+DEFAULT_CPU_KV_BYTES = 256 * 2**20
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class StepOutput:
+    sampled: list[tuple[Request, int]]   # (request, new token) for requests that sampled
+    duration: float                      # seconds the step took (measured or modelled)
+    forward_time: float                  # seconds inside the model forward + sampling
+
+
+def pick_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if config.dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    elif config.dtype in DTYPES:
+        dtype = DTYPES[config.dtype]
+    else:
+        raise ValueError(f"unknown dtype {config.dtype!r}; expected one of {sorted(DTYPES)}")
+    return device, dtype
+
+
+class ModelExecutor:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device, self.dtype = pick_device_dtype(config)
+        self.model, self.model_config, self.hf_config, self.model_path = load_model(
+            config.model, self.device, self.dtype, seed=config.seed)
+        mc = self.model_config
+        self.block_size = config.block_size
+        self.block_bytes = config.block_size * mc.kv_bytes_per_token(self.dtype.itemsize)
+        self.num_kv_blocks = config.num_kv_blocks or self._blocks_from_budget()
+        shape = (self.num_kv_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+                          for _ in range(mc.num_layers)]
+
+    def _blocks_from_budget(self) -> int:
+        budget = self.config.kv_cache_memory_bytes
+        if budget is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = int(free * self.config.gpu_memory_utilization) - 2 * 2**30
+            else:
+                budget = DEFAULT_CPU_KV_BYTES
+        blocks = budget // self.block_bytes
+        if blocks < 1:
+            raise ValueError(f"KV cache budget of {budget} bytes holds no block of {self.block_bytes} bytes")
+        return int(blocks)
+
+    # -- one step --------------------------------------------------------------------
+    def prepare(self, batch: ScheduledBatch, kv: KVCacheManager):
+        """Flatten the batch: decodes (query length 1) first, then the longer chunks."""
+        bs = self.block_size
+        decodes = [(r, n) for r, n in batch.items if n == 1]
+        chunks = [(r, n) for r, n in batch.items if n != 1]
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        sample_idx: list[int] = []
+        sample_reqs: list[Request] = []
+        dec_tables, dec_lens = [], []
+        for r, _ in decodes:
+            p = r.num_computed_tokens
+            table = kv.block_table(r.request_id)
+            ids.append(r.token_at(p))
+            pos.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+            dec_tables.append(table)
+            dec_lens.append(p + 1)
+            if p + 1 == r.num_tokens:
+                sample_idx.append(len(ids) - 1)
+                sample_reqs.append(r)
+        pre_tables, pre_lens, starts = [], [], [0]
+        for r, n in chunks:
+            p0 = r.num_computed_tokens
+            table = kv.block_table(r.request_id)
+            ids.extend(r.all_token_ids[p0:p0 + n])
+            positions = range(p0, p0 + n)
+            pos.extend(positions)
+            slots.extend(table[p // bs] * bs + p % bs for p in positions)
+            pre_tables.append(table)
+            pre_lens.append(p0 + n)
+            starts.append(starts[-1] + n)
+            if p0 + n == r.num_tokens:
+                sample_idx.append(len(ids) - 1)
+                sample_reqs.append(r)
+        dev = self.device
+
+        def table_tensor(tables):
+            width = max(len(t) for t in tables)
+            return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            num_decode_tokens=len(decodes),
+            decode_block_tables=table_tensor(dec_tables) if decodes else None,
+            decode_context_lens=torch.tensor(dec_lens, dtype=torch.int32, device=dev) if decodes else None,
+            prefill_block_tables=table_tensor(pre_tables) if chunks else None,
+            prefill_context_lens=torch.tensor(pre_lens, dtype=torch.int32, device=dev) if chunks else None,
+            prefill_query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev) if chunks else None,
+            backend=self.config.attention_backend,
+        )
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
+        positions = torch.tensor(pos, dtype=torch.int64, device=dev)
+        return input_ids, positions, meta, sample_idx, sample_reqs
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch, kv: KVCacheManager) -> StepOutput:
+        t0 = time.perf_counter()
+        input_ids, positions, meta, sample_idx, sample_reqs = self.prepare(batch, kv)
+        t1 = time.perf_counter()
+        hidden = self.model(input_ids, positions, meta, self.kv_caches)
+        sampled: list[tuple[Request, int]] = []
+        if sample_reqs:
+            logits = self.model.compute_logits(hidden[sample_idx])
+            sampled = list(zip(sample_reqs, sample(logits, sample_reqs)))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t2 = time.perf_counter()
+        return StepOutput(sampled, t2 - t0, t2 - t1)

@@ -1,0 +1,72 @@
+"""The offline API, shaped like vLLM's: ``LLM(model=...).generate(prompts, params)``."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from minibatch.config import EngineConfig
+from minibatch.engine import LLMEngine
+from minibatch.request import RequestOutput
+from minibatch.sampling_params import SamplingParams
+
+
+class LLM:
+    """An engine plus a loop that runs it until every submitted prompt is done.
+
+    ``LLM(model="tiny")`` is the embedded default model; any other engine option is an
+    :class:`~minibatch.config.EngineConfig` field passed as a keyword, e.g.
+    ``LLM(model="tiny", max_num_seqs=16, policy="continuous")``.
+    """
+
+    def __init__(self, model: str = "tiny", **kwargs):
+        self.config = EngineConfig.from_kwargs(model=model, **kwargs)
+        self.engine = LLMEngine(self.config)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Generate for each prompt (a string or a list of token ids), in input order.
+
+        A prompt that fails validation does not stop the others: its output has
+        ``finish_reason == "rejected"`` and ``error`` naming the problem.
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            params = [SamplingParams()] * len(prompts)
+        elif isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        engine = self.engine
+        ids = []
+        for prompt, p in zip(prompts, params):
+            try:
+                ids.append(engine.add_request(prompt, p))
+            except ValueError as e:
+                ids.append(engine.reject(prompt, p, str(e)).request_id)
+                engine.requests[ids[-1]] = engine.finished[-1]
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(prompts), desc="generate", unit="req")
+        done = 0
+        while engine.has_unfinished_requests():
+            engine.step()
+            if bar is not None:
+                now_done = sum(1 for i in ids if engine.requests[i].is_finished)
+                bar.update(now_done - done)
+                done = now_done
+        if bar is not None:
+            bar.update(len(prompts) - done)
+            bar.close()
+        outputs = [engine.output(i) for i in ids]
+        for i in ids:
+            engine.requests.pop(i, None)
+        return outputs

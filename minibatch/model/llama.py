@@ -1,0 +1,186 @@
+"""A Llama-family decoder that reads and writes its K/V through the paged cache.
+
+The model sees a *flat* batch: the new tokens of every scheduled request concatenated
+into one ``[num_tokens]`` vector (no padding), with their positions. Each attention
+layer first stores the new tokens' K/V into their cache slots, then attends from the
+cache, so a prefill, a chunk of one, a prefix-cache hit and a decode differ only in
+the metadata (``AttentionMetadata``). Decode requests come first in the batch and use
+the one-query-per-sequence kernel; the rest use the ragged prefill kernel.
+
+Layer math (per token ``x``): ``h = x + Attn(RMSNorm(x))``, ``y = h + MLP(RMSNorm(h))``,
+``MLP(u) = W_down(silu(W_gate u) * W_up u)`` (SwiGLU),
+``RMSNorm(u) = g * u / sqrt(mean(u^2) + eps)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minibatch import kernels
+from minibatch.model.config import ModelConfig
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each new token's K/V goes and what each query attends to.
+
+    The first ``num_decode_tokens`` tokens are decodes, one per sequence
+    (``decode_block_tables``, ``decode_context_lens``); the remaining tokens are ragged
+    query chunks described by ``prefill_query_start_loc`` (relative to the first
+    prefill token), ``prefill_context_lens`` and ``prefill_block_tables``.
+    """
+
+    slot_mapping: torch.Tensor
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor | None
+    decode_context_lens: torch.Tensor | None
+    prefill_block_tables: torch.Tensor | None
+    prefill_context_lens: torch.Tensor | None
+    prefill_query_start_loc: torch.Tensor | None
+    backend: str | None = None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """``theta_i = base^(-2i/d)``, with Llama 3's frequency-dependent rescaling when configured."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    scaling = config.rope_scaling
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.scale = config.head_dim ** -0.5
+
+    def forward(self, x, cos, sin, meta: AttentionMetadata, k_cache, v_cache):
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
+        d = meta.num_decode_tokens
+        if d == n:
+            out = kernels.paged_decode_attention(q, k_cache, v_cache, meta.decode_block_tables,
+                                                 meta.decode_context_lens, self.scale, backend=meta.backend)
+        elif d == 0:
+            out = kernels.paged_prefill_attention(q, k_cache, v_cache, meta.prefill_block_tables,
+                                                  meta.prefill_context_lens, meta.prefill_query_start_loc,
+                                                  self.scale, backend=meta.backend)
+        else:
+            out = torch.empty_like(q)
+            out[:d] = kernels.paged_decode_attention(q[:d], k_cache, v_cache, meta.decode_block_tables,
+                                                     meta.decode_context_lens, self.scale, backend=meta.backend)
+            out[d:] = kernels.paged_prefill_attention(q[d:], k_cache, v_cache, meta.prefill_block_tables,
+                                                      meta.prefill_context_lens, meta.prefill_query_start_loc,
+                                                      self.scale, backend=meta.backend)
+        return self.o_proj(out.view(n, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, meta, k_cache, v_cache):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, k_cache, v_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers, final norm and LM head (tied to the embedding or not)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.max_positions = config.max_position_embeddings
+        self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def rope_cache(self, device, dtype):
+        if self._rope_cache is None or self._rope_cache[0].device != device or self._rope_cache[0].dtype != dtype:
+            inv_freq = rope_inv_freq(self.config).to(device)
+            t = torch.arange(self.max_positions, device=device).float()
+            freqs = t[:, None] * inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._rope_cache = (emb.cos().to(dtype), emb.sin().to(dtype))
+        return self._rope_cache
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        cos_cache, sin_cache = self.rope_cache(x.device, x.dtype)
+        cos = cos_cache[positions].unsqueeze(1)
+        sin = sin_cache[positions].unsqueeze(1)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            x = layer(x, cos, sin, meta, k_cache, v_cache)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()

@@ -1,0 +1,89 @@
+"""The policy interface and the registry of policies by name.
+
+A policy makes one decision per engine step: in which order the requests compete for
+this step's token budget, sequence slots and KV blocks. The scheduler
+(``minibatch.scheduler``) does the rest the same way for every policy: it walks the
+order, hands each request its new tokens (a chunk of them if the budget runs short),
+allocates KV blocks, and when the pool is exhausted preempts running requests from the
+*end* of the order. Requests the policy leaves out of the order simply wait.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from minibatch.request import Request
+
+_REGISTRY: dict[str, type["Policy"]] = {}
+
+
+@dataclass
+class SchedulerState:
+    """What a policy may look at when it decides (read-only by convention)."""
+
+    now: float
+    running: list[Request]        # admitted requests holding KV, in admission order
+    waiting: list[Request]        # arrived requests not admitted (or preempted), queue order
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_wait_s: float
+    kv: object                    # KVCacheManager
+
+
+class Policy:
+    """Base class. Subclasses set ``name`` and implement :meth:`schedule_order`.
+
+    ``preemptive = True`` lets a waiting request that the order ranks above a running
+    one take that running request's KV blocks (the running one is preempted).
+    """
+
+    name: str = ""
+    preemptive: bool = False
+
+    def schedule_order(self, state: SchedulerState) -> list[Request]:
+        raise NotImplementedError
+
+    def next_wakeup(self, state: SchedulerState) -> float | None:
+        """A time at which the policy wants a step even if no request arrives (e.g. a
+        batching window closing); ``None`` if it has no such deadline."""
+        return None
+
+    def on_finished(self, req: Request) -> None:
+        """Called when a request leaves the engine (finished or aborted)."""
+
+    def on_step(self, scheduled: list[tuple[Request, int]], now: float) -> None:
+        """Called after each step with the requests that ran and their new token counts."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def register(cls: type[Policy] | None = None, *, name: str | None = None) -> Callable:
+    """Class decorator: ``@register`` adds a policy under its ``name``."""
+
+    def wrap(c: type[Policy]) -> type[Policy]:
+        key = name or c.name
+        if not key:
+            raise ValueError(f"policy class {c.__name__} has no name")
+        c.name = key
+        _REGISTRY[key] = c
+        return c
+
+    return wrap(cls) if cls is not None else wrap
+
+
+def available() -> list[str]:
+    """Names of all registered policies."""
+    return sorted(_REGISTRY)
+
+
+def make_policy(policy: "str | Policy", **kwargs) -> Policy:
+    """A policy instance from a name (or an instance, returned as is)."""
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, type) and issubclass(policy, Policy):
+        return policy(**kwargs)
+    if policy not in _REGISTRY:
+        raise ValueError(f"unknown scheduling policy {policy!r}; available policies: {available()}")
+    return _REGISTRY[policy](**kwargs)

@@ -1,0 +1,177 @@
+"""A request's life: its tokens, its progress through the KV cache, and its outputs."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from minibatch.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+    REJECTED = "rejected"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                        RequestStatus.FINISHED_ABORTED, RequestStatus.REJECTED)
+
+
+class Request:
+    """One generation request inside the engine.
+
+    The scheduler only needs two counters, as in vLLM V1: ``num_tokens`` (prompt plus
+    generated tokens known so far) and ``num_computed_tokens`` (tokens whose K/V are in
+    the cache). A step computes ``num_tokens - num_computed_tokens`` new tokens of a
+    request (or a chunk of them); a request whose counters meet samples its next token.
+    A prefill, a chunked prefill, a decode and a recompute after preemption are all the
+    same operation.
+    """
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                 arrival_time: float, eos_token_ids: tuple[int, ...] = (), priority: int = 0,
+                 tenant: str | None = None, prompt: str | None = None):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.sampling_params = sampling_params
+        self.eos_token_ids = eos_token_ids
+        self.priority = priority
+        self.tenant = tenant
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0          # prompt tokens served by the prefix cache
+        self.num_preemptions = 0
+        self.stop_reason: str | int | None = None
+        self.error: str | None = None
+        self.output_text = ""
+        # Timestamps (engine clock, seconds).
+        self.arrival_time = arrival_time
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.token_times: list[float] = []
+        self.finish_time: float | None = None
+        self.generator: torch.Generator | None = None
+        if sampling_params.seed is not None:
+            self.generator = torch.Generator().manual_seed(sampling_params.seed)
+        self.policy_state: dict = {}        # scratch space for scheduling policies
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    def token_at(self, i: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[i] if i < n else self.output_token_ids[i - n]
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, status={self.status.value}, prompt={self.num_prompt_tokens}, "
+                f"output={self.num_output_tokens}, computed={self.num_computed_tokens})")
+
+
+@dataclass
+class RequestMetrics:
+    """Per-request latency figures, defined as ``vllm bench serve`` defines them.
+
+    TTFT = first_token_time - arrival_time; E2E = finish_time - arrival_time;
+    TPOT = (E2E - TTFT) / (output_tokens - 1), excluding the first token;
+    ITL = every gap between consecutive tokens; queue delay = first_scheduled_time - arrival_time.
+    """
+
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finish_time: float | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_preemptions: int
+    num_cached_tokens: int
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def e2e(self) -> float | None:
+        if self.finish_time is None:
+            return None
+        return self.finish_time - self.arrival_time
+
+    @property
+    def tpot(self) -> float | None:
+        if self.num_output_tokens < 2 or self.first_token_time is None or not self.token_times:
+            return None
+        return (self.token_times[-1] - self.first_token_time) / (self.num_output_tokens - 1)
+
+    @property
+    def itl(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    @property
+    def queue_delay(self) -> float | None:
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
+
+    @classmethod
+    def of(cls, req: Request) -> "RequestMetrics":
+        return cls(req.arrival_time, req.first_scheduled_time, req.first_token_time, req.finish_time,
+                   req.num_prompt_tokens, req.num_output_tokens, req.num_preemptions,
+                   req.num_cached_tokens, list(req.token_times))
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+
+
+@dataclass
+class RequestOutput:
+    """What ``LLM.generate`` returns per prompt (vLLM's shape)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+    error: str | None = None
+
+    @classmethod
+    def of(cls, req: Request) -> "RequestOutput":
+        reason = req.status.value if req.status.finished else None
+        completion = CompletionOutput(0, req.output_text, list(req.output_token_ids), reason, req.stop_reason)
+        return cls(req.request_id, req.prompt, list(req.prompt_token_ids), [completion],
+                   req.status.finished, RequestMetrics.of(req), req.error)

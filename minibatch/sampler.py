@@ -1,0 +1,56 @@
+"""Choose each request's next token from its logits.
+
+Greedy rows take ``argmax``. Sampled rows apply, in order: temperature
+(``z / T``), top-k (keep the k largest), top-p (keep the smallest set of tokens, most
+likely first, whose probability sum reaches p), then draw from ``softmax``. A request
+with a ``seed`` draws from its own generator, so its output does not depend on what
+else is in the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minibatch.request import Request
+
+
+def sample(logits: torch.Tensor, reqs: list[Request]) -> list[int]:
+    params = [r.sampling_params for r in reqs]
+    greedy = logits.argmax(dim=-1)
+    if all(p.greedy for p in params):
+        return greedy.tolist()
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    z = logits[rows].float()
+    temps = torch.tensor([params[i].temperature for i in rows], dtype=z.dtype, device=z.device)
+    z = z / temps[:, None]
+    z = apply_top_k_top_p(z, [params[i].top_k for i in rows], [params[i].top_p for i in rows])
+    probs = torch.softmax(z, dim=-1)
+    out = greedy.tolist()
+    seeded = [j for j, i in enumerate(rows) if reqs[i].generator is not None]
+    unseeded = [j for j, i in enumerate(rows) if reqs[i].generator is None]
+    if unseeded:
+        draws = torch.multinomial(probs[unseeded].cpu(), 1).squeeze(1).tolist()
+        for j, tok in zip(unseeded, draws):
+            out[rows[j]] = tok
+    for j in seeded:
+        tok = torch.multinomial(probs[j].cpu(), 1, generator=reqs[rows[j]].generator)
+        out[rows[j]] = int(tok)
+    return out
+
+
+def apply_top_k_top_p(z: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Set logits outside each row's top-k / top-p set to ``-inf``."""
+    if all(k == -1 for k in top_k) and all(p >= 1.0 for p in top_p):
+        return z
+    sorted_z, order = z.sort(dim=-1, descending=True)
+    vocab = z.shape[-1]
+    ks = torch.tensor([k if k > 0 else vocab for k in top_k], device=z.device)
+    rank = torch.arange(vocab, device=z.device)[None, :]
+    drop = rank >= ks[:, None]
+    ps = torch.tensor(top_p, dtype=z.dtype, device=z.device)
+    probs = torch.softmax(sorted_z.masked_fill(drop, float("-inf")), dim=-1)
+    before = probs.cumsum(dim=-1) - probs          # mass of strictly more likely tokens
+    drop |= before >= ps[:, None]
+    drop[:, 0] = False                              # always keep the most likely token
+    sorted_z = sorted_z.masked_fill(drop, float("-inf"))
+    return torch.empty_like(z).scatter_(-1, order, sorted_z)

@@ -1,0 +1,183 @@
+"""The scheduler: turns a policy's order into one step's batch under the engine's budgets.
+
+One step hands out at most ``max_num_batched_tokens`` new tokens over at most
+``max_num_seqs`` requests. Walking the policy's order, each request asks for
+``num_tokens - num_computed_tokens`` new tokens (1 for a decode, the prompt for a
+prefill, all tokens again after a recompute preemption); with chunked prefill a long
+prompt takes what is left of the budget and continues next step. The KV blocks for
+those tokens are allocated now; when the pool is short, running requests at the end
+of the order are preempted (``recompute``: their blocks are freed and they go back to
+the front of the waiting queue; ``swap``: their blocks are copied to CPU first).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from minibatch.config import EngineConfig
+from minibatch.kv_cache import KVCacheManager
+from minibatch.policies import Policy, SchedulerState, make_policy
+from minibatch.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledBatch:
+    """The work of one step: ``(request, num_new_tokens)`` pairs, in batch order."""
+
+    items: list[tuple[Request, int]] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.items)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.items)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(1 for r, n in self.items if n == 1 and r.num_output_tokens > 0
+                   and r.num_computed_tokens == r.num_tokens - 1)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.num_tokens - self.num_decode_tokens
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+class Scheduler:
+    """Holds the waiting and running queues and builds each step's batch."""
+
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, policy: Policy | None = None):
+        self.config = config
+        self.kv = kv
+        self.policy = policy or make_policy(config.policy)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.swapper = None                  # set by the engine when preemption_mode == "swap"
+        self.num_preemptions = 0
+
+    # -- queues --------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def state(self, now: float) -> SchedulerState:
+        c = self.config
+        return SchedulerState(now, list(self.running), list(self.waiting), c.max_num_seqs,
+                              c.max_num_batched_tokens, c.max_wait_ms / 1000.0, self.kv)
+
+    def remove(self, req: Request) -> None:
+        """Take a request out of the queues and free its blocks (finish or abort)."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        if self.swapper is not None:
+            self.swapper.discard(req)
+        self.kv.free(req)
+        self.policy.on_finished(req)
+
+    # -- one step ------------------------------------------------------------------
+    def schedule(self, now: float) -> ScheduledBatch:
+        c = self.config
+        order = self.policy.schedule_order(self.state(now))
+        batch = ScheduledBatch()
+        budget = c.max_num_batched_tokens
+        preempted: set[str] = set()
+        scheduled: set[str] = set()
+
+        for pos, req in enumerate(order):
+            if budget <= 0 or len(batch.items) >= c.max_num_seqs:
+                break
+            if req.request_id in preempted or req.is_finished:
+                continue
+            was_waiting = req.status is not RequestStatus.RUNNING
+            if req.status is RequestStatus.SWAPPED and not self.swapper.can_swap_in(req):
+                if not self.policy.preemptive:
+                    break
+                continue
+            computed_blocks: list[int] = []
+            if was_waiting and req.status is RequestStatus.WAITING:
+                computed_blocks, num_cached = self.kv.get_computed_blocks(req)
+                req.num_computed_tokens = num_cached
+            num_new = req.num_tokens - req.num_computed_tokens
+            if num_new > budget:
+                if c.enable_chunked_prefill:
+                    num_new = budget
+                elif batch.items:
+                    # Without chunking a prompt runs whole; it waits for a step with room.
+                    if was_waiting:
+                        self._unadmit(req)
+                        break
+                    continue
+            # KV blocks, preempting from the end of the order when the pool is short.
+            if req.status is RequestStatus.SWAPPED:
+                ok = self.swapper.swap_in(req)
+            else:
+                ok = self.kv.allocate_slots(req, num_new, computed_blocks)
+            while not ok:
+                victim = self._pick_victim(order, pos, preempted, scheduled,
+                                           allow=not was_waiting or self.policy.preemptive)
+                if victim is None:
+                    break
+                self._preempt(victim, now)
+                preempted.add(victim.request_id)
+                batch.preempted.append(victim)
+                ok = self.kv.allocate_slots(req, num_new, computed_blocks)
+            if not ok:
+                if was_waiting:
+                    self._unadmit(req)
+                    if self.policy.preemptive:
+                        continue
+                    break
+                # A running request that cannot grow and has nobody left to evict.
+                self._preempt(req, now)
+                preempted.add(req.request_id)
+                batch.preempted.append(req)
+                continue
+            if was_waiting:
+                self._admit(req, now)
+            batch.items.append((req, num_new))
+            scheduled.add(req.request_id)
+            budget -= num_new
+        self.num_preemptions += len(batch.preempted)
+        return batch
+
+    def _pick_victim(self, order, pos, preempted, scheduled, allow) -> Request | None:
+        if not allow:
+            return None
+        for victim in reversed(order[pos + 1:]):
+            if (victim.status is RequestStatus.RUNNING and victim.request_id not in preempted
+                    and victim.request_id not in scheduled):
+                return victim
+        return None
+
+    def _admit(self, req: Request, now: float) -> None:
+        self.waiting.remove(req)
+        self.running.append(req)
+        req.status = RequestStatus.RUNNING
+        if req.first_scheduled_time is None:
+            req.first_scheduled_time = now
+            req.num_cached_tokens = req.num_computed_tokens
+
+    def _unadmit(self, req: Request) -> None:
+        if req.status is RequestStatus.WAITING:
+            req.num_computed_tokens = 0
+
+    def _preempt(self, req: Request, now: float) -> None:
+        self.running.remove(req)
+        req.num_preemptions += 1
+        if self.config.preemption_mode == "swap" and self.swapper is not None and self.swapper.swap_out(req):
+            req.status = RequestStatus.SWAPPED
+        else:
+            self.kv.free(req)
+            req.num_computed_tokens = 0
+            req.status = RequestStatus.WAITING
+        self.waiting.appendleft(req)
