@@ -1,0 +1,229 @@
+"""A cost model fitted to step times measured on the real engine.
+
+The profiler (``python -m minibatch profile``) times real steps over a grid of batch
+compositions and calls :meth:`FittedCostModel.fit`. The model is linear in a few
+features that each stand for one kind of work::
+
+    t = c_const                                  # per-step overhead (scheduling, launch)
+      + c_prefill_tokens * sum_i n_i             # GEMMs for every new prefill token
+      + c_prefill_attn   * sum_i P_i             # causal attention pairs,
+                                                 #   P = n*(c-n) + n*(n+1)/2
+      + c_decode_seqs    * D                     # GEMMs for each decode token
+      + c_decode_ctx     * sum_j c_j             # reading each decode sequence's KV cache
+      + c_num_seqs       * (#prefill + D)        # per-sequence work: LM head, sampling, bookkeeping
+
+with n_i, c_i a prefill chunk's new tokens and context after it, D decoding sequences of
+context c_j. The coefficients are fitted by non-negative least squares (Lawson & Hanson,
+*Solving Least Squares Problems*, 1974, ch. 23), so each stays a cost (>= 0), in seconds
+per unit. By default each sample is weighted by 1/t (minimises *relative* error, so a 5 ms
+decode step counts as much as a 500 ms prefill).
+
+This is Vidur's approach (Agrawal et al., MLSys'24) reduced to one linear model.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+Prefill = Sequence[tuple[int, int]]
+
+
+def _attn_pairs(prefill: Prefill) -> float:
+    return float(sum(n * (c - n) + n * (n + 1) / 2 for n, c in prefill))
+
+
+#: Feature name -> function of (prefill, decode_context_lens).
+FEATURES: dict[str, Callable[[Prefill, Sequence[int]], float]] = {
+    "const": lambda p, d: 1.0,
+    "prefill_tokens": lambda p, d: float(sum(n for n, _ in p)),
+    "prefill_attn": lambda p, d: _attn_pairs(p),
+    "decode_seqs": lambda p, d: float(len(d)),
+    "decode_ctx": lambda p, d: float(sum(d)),
+    "num_seqs": lambda p, d: float(len(p) + len(d)),
+}
+DEFAULT_FEATURES = tuple(FEATURES)
+
+
+def feature_vector(prefill: Prefill, decode_context_lens: Sequence[int],
+                   names: Sequence[str] = DEFAULT_FEATURES) -> np.ndarray:
+    """The features of one step, in the order of ``names``."""
+    return np.array([FEATURES[n](prefill, decode_context_lens) for n in names])
+
+
+def nnls(A: np.ndarray, b: np.ndarray, tol: float = 1e-10) -> np.ndarray:
+    """``argmin ||A x - b||_2`` subject to ``x >= 0`` (Lawson-Hanson active set).
+
+    Columns are scaled to unit norm first so that ``tol`` is scale-free; all-zero
+    columns get coefficient 0.
+    """
+    A, b = np.asarray(A, float), np.asarray(b, float)
+    norms = np.linalg.norm(A, axis=0)
+    live = norms > 0
+    As = np.zeros_like(A)
+    As[:, live] = A[:, live] / norms[live]
+    n = A.shape[1]
+    x, passive = np.zeros(n), np.zeros(n, bool)
+    for _ in range(3 * n + 10):
+        w = As.T @ (b - As @ x)
+        candidates = ~passive & live
+        if not candidates.any() or w[candidates].max() <= tol * max(1.0, np.linalg.norm(b)):
+            break
+        passive[np.argmax(np.where(candidates, w, -np.inf))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(As[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            bad = passive & (z <= 0)
+            alpha = np.min(x[bad] / (x[bad] - z[bad]))
+            x = x + alpha * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+    out = np.zeros(n)
+    out[live] = x[live] / norms[live]
+    return out
+
+
+def _environment() -> dict[str, Any]:
+    meta: dict[str, Any] = {"machine": platform.machine(), "processor": platform.processor(),
+                            "platform": platform.platform(), "cpu_count": os.cpu_count(),
+                            "python": platform.python_version(), "numpy": np.__version__}
+    try:
+        meta["torch"] = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    meta["created"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return meta
+
+
+class FittedCostModel:
+    """``t = sum_k coef_k * feature_k(batch)`` with coefficients fitted to measured steps."""
+
+    KIND = "minibatch.FittedCostModel"
+
+    def __init__(self, coefficients: dict[str, float], *, r2: float | None = None,
+                 mean_rel_error: float | None = None, max_rel_error: float | None = None,
+                 num_samples: int = 0, metadata: dict[str, Any] | None = None):
+        unknown = set(coefficients) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"unknown feature(s) {sorted(unknown)}; known: {list(FEATURES)}")
+        self.feature_names = tuple(coefficients)
+        self.coef = np.array([float(coefficients[n]) for n in self.feature_names])
+        self.r2, self.mean_rel_error, self.max_rel_error = r2, mean_rel_error, max_rel_error
+        self.num_samples = num_samples
+        self.metadata = dict(metadata or {})
+
+    @property
+    def coefficients(self) -> dict[str, float]:
+        return dict(zip(self.feature_names, self.coef.tolist()))
+
+    # -- fitting -------------------------------------------------------------------------
+    @classmethod
+    def fit(cls, samples: Iterable[dict], features: Sequence[str] = DEFAULT_FEATURES,
+            weighting: str = "relative", metadata: dict[str, Any] | None = None) -> "FittedCostModel":
+        """Fit to ``samples``: dicts ``{"prefill": [(new, ctx), ...], "decode": [ctx, ...],
+        "time_s": seconds}``. ``weighting``: ``"relative"`` (rows scaled by 1/t) or
+        ``"absolute"`` (plain least squares). ``metadata`` (model, device, ...) is stored
+        with the machine, Python, numpy and torch versions."""
+        if weighting not in ("relative", "absolute"):
+            raise ValueError(f"weighting must be 'relative' or 'absolute', got {weighting!r}")
+        unknown = [f for f in features if f not in FEATURES]
+        if unknown:
+            raise ValueError(f"unknown feature(s) {unknown}; known: {list(FEATURES)}")
+        X, y = cls._design(samples, features)
+        if len(y) < len(features):
+            raise ValueError(f"need at least {len(features)} samples to fit {len(features)} "
+                             f"features, got {len(y)}")
+        w = 1.0 / y if weighting == "relative" else np.ones_like(y)
+        coef = nnls(X * w[:, None], y * w)
+        model = cls(dict(zip(features, coef.tolist())), num_samples=len(y),
+                    metadata={**_environment(), "weighting": weighting, **(metadata or {})})
+        model.r2, model.mean_rel_error, model.max_rel_error = model._scores(X, y)
+        return model
+
+    @staticmethod
+    def _design(samples: Iterable[dict], features: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        rows, times = [], []
+        for i, s in enumerate(samples):
+            t = float(s["time_s"])
+            if not np.isfinite(t) or t <= 0:
+                raise ValueError(f"sample {i}: time_s must be a positive number, got {s['time_s']!r}")
+            prefill = [(int(n), int(c)) for n, c in s.get("prefill", ())]
+            rows.append(feature_vector(prefill, [int(c) for c in s.get("decode", ())], features))
+            times.append(t)
+        return np.array(rows).reshape(len(times), len(features)), np.array(times)
+
+    def _scores(self, X: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+        pred = X @ self.coef
+        ss_tot = float(((y - y.mean()) ** 2).sum())
+        r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
+        rel = np.abs(pred - y) / y
+        return r2, float(rel.mean()), float(rel.max())
+
+    def evaluate(self, samples: Iterable[dict]) -> dict[str, float]:
+        """R^2 and mean/max relative error of this model on (held-out) ``samples``."""
+        X, y = self._design(samples, self.feature_names)
+        r2, mean_rel, max_rel = self._scores(X, y)
+        return {"r2": r2, "mean_rel_error": mean_rel, "max_rel_error": max_rel, "num_samples": len(y)}
+
+    # -- the CostModel interface ----------------------------------------------------------
+    def step_time(self, prefill: Prefill, decode_context_lens: Sequence[int]) -> float:
+        """Seconds for one step (same arguments as :meth:`RooflineCostModel.step_time`)."""
+        if not prefill and not decode_context_lens:
+            return 0.0
+        return float(feature_vector(prefill, decode_context_lens, self.feature_names) @ self.coef)
+
+    def kv_capacity_tokens(self, *args, **kwargs) -> int | None:
+        """Stored ``metadata["kv_capacity_tokens"]`` if the profiler recorded it, else None
+        (a fit of step times knows nothing of memory; the engine's own budget applies)."""
+        value = self.metadata.get("kv_capacity_tokens")
+        return None if value is None else int(value)
+
+    def describe(self) -> str:
+        terms = " + ".join(f"{c:.3g}*{n}" if n != "const" else f"{c:.3g}"
+                           for n, c in zip(self.feature_names, self.coef))
+        quality = (f"R^2={self.r2:.4f}, mean rel. error {self.mean_rel_error:.1%}, "
+                   f"max {self.max_rel_error:.1%}" if self.r2 is not None else "not scored")
+        what = ", ".join(f"{k}={self.metadata[k]}" for k in ("model", "device", "torch", "machine")
+                         if k in self.metadata)
+        return (f"FittedCostModel ({what}; {self.num_samples} samples, {quality})\n"
+                f"  t[s] = {terms}")
+
+    def __repr__(self) -> str:
+        return f"FittedCostModel({self.coefficients!r})"
+
+    # -- persistence ----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.KIND, "version": 1, "units": "seconds",
+                "features": list(self.feature_names), "coefficients": self.coefficients,
+                "r2": self.r2, "mean_rel_error": self.mean_rel_error,
+                "max_rel_error": self.max_rel_error, "num_samples": self.num_samples,
+                "metadata": self.metadata}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write JSON: features, coefficients, fit quality and metadata."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=False)
+            f.write("\n")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "FittedCostModel":
+        if data.get("kind") != cls.KIND:
+            raise ValueError(f"not a saved FittedCostModel (kind={data.get('kind')!r})")
+        coefs = data["coefficients"]
+        return cls({n: coefs[n] for n in data["features"]}, r2=data.get("r2"),
+                   mean_rel_error=data.get("mean_rel_error"), max_rel_error=data.get("max_rel_error"),
+                   num_samples=data.get("num_samples", 0), metadata=data.get("metadata"))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "FittedCostModel":
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))
