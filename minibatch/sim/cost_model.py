@@ -207,7 +207,7 @@ class RooflineCostModel:
 
     def describe(self) -> str:
         m, hw = self.model, self.hardware
-        lines = [f"RooflineCostModel: {m.name} on {self.tp}x{hw.name} (bf16/fp16, {m.dtype_bytes} B)",
+        lines = [f"RooflineCostModel: {m.name} on {self.tp}x{hw.name} ({m.dtype_bytes}-byte weights and KV)",
                  f"  model:    {m.describe()}",
                  f"  hardware: {hw.describe()}",
                  f"  weights/GPU {self.weight_bytes_per_gpu / 1e9:.2f} GB, KV/token/GPU "

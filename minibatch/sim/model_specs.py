@@ -93,7 +93,9 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     def describe(self) -> str:
-        return (f"{self.name}: {self.num_params / 1e9:.2f}B params ({self.weight_bytes / 1e9:.1f} GB), "
+        n = self.num_params
+        size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+        return (f"{self.name}: {size} params ({self.weight_bytes / 1e9:.2f} GB), "
                 f"L={self.num_layers} h={self.hidden_size} heads={self.num_heads}/{self.num_kv_heads} "
                 f"d={self.head_dim} i={self.intermediate_size} V={self.vocab_size}, "
                 f"KV {self.kv_bytes_per_token / 1024:.0f} KiB/token")
@@ -138,8 +140,8 @@ class ModelSpec:
         )
 
 
-def _spec(name, L, h, heads, kv, i, V, *, d=None, tied=False, max_len=4096) -> ModelSpec:
-    return ModelSpec(name, L, h, heads, kv, d or h // heads, i, V, tied, 2, max_len)
+def _spec(name, L, h, heads, kv, i, V, *, d=None, tied=False, max_len=4096, dtype_bytes=2) -> ModelSpec:
+    return ModelSpec(name, L, h, heads, kv, d or h // heads, i, V, tied, dtype_bytes, max_len)
 
 
 # Numbers from each model's config.json on the Hugging Face Hub.
@@ -152,7 +154,8 @@ _REGISTRY: dict[str, ModelSpec] = {m.name: m for m in [
     _spec("mistral-7b", 32, 4096, 32, 8, 14336, 32000, max_len=32768),     # mistralai/Mistral-7B-v0.1
     _spec("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, max_len=32768),    # Qwen/Qwen2.5-7B-Instruct
     _spec("qwen3-0.6b", 28, 1024, 16, 8, 3072, 151936, d=128, tied=True, max_len=40960),  # Qwen/Qwen3-0.6B
-    _spec("tiny", 4, 256, 8, 4, 688, 4096, tied=True, max_len=2048),        # minibatch's embedded model
+    # minibatch's embedded model (minibatch/assets/tiny/config.json), float32 on CPU
+    _spec("tiny", 4, 256, 8, 4, 688, 4096, tied=True, max_len=1024, dtype_bytes=4),
 ]}
 
 _ALIASES = {"llama2-7b": "llama-2-7b", "llama2-13b": "llama-2-13b", "llama2-70b": "llama-2-70b",

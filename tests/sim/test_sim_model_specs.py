@@ -1,10 +1,14 @@
 """minibatch.sim.model_specs: true architecture numbers, derived sizes, HF configs."""
 
 import json
+from pathlib import Path
 
 import pytest
 
+import minibatch.sim
 from minibatch.sim import ModelSpec, available_models, get_model_spec
+
+TINY_CONFIG = Path(minibatch.sim.__file__).resolve().parents[1] / "assets" / "tiny" / "config.json"
 
 LLAMA2_7B_HF = {  # meta-llama/Llama-2-7b-hf config.json (abridged)
     "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 11008,
@@ -49,6 +53,8 @@ def test_tiny():
     t = get_model_spec("tiny")
     assert (t.hidden_size, t.num_layers, t.num_heads, t.num_kv_heads, t.intermediate_size,
             t.vocab_size, t.head_dim) == (256, 4, 8, 4, 688, 4096, 32)
+    if TINY_CONFIG.exists():  # the registry entry describes the embedded checkpoint exactly
+        assert ModelSpec.from_hf_config(TINY_CONFIG, name="tiny") == t
 
 
 @pytest.mark.parametrize("name, cfg", [("llama-2-7b", LLAMA2_7B_HF), ("llama-3-8b", LLAMA3_8B_HF),
