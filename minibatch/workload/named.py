@@ -10,7 +10,8 @@ source of truth). Shapes are fitted to the published statistics of real traces
   (median = the typical request, mean = the total token load) and clipped to
   the trace's min and max. Real length histograms are multi-modal, so p90/p99
   are only approximate; ``datasets/README.md`` lists published vs generated;
-- every preset is rescaled with ``with_rate`` so its mean rate is exactly ``rate``.
+- every preset is rescaled with ``with_rate`` so its mean rate is ``rate``, and its
+  arrival times are rounded to the microsecond (compact files, exact round trips).
 
 | name          | like                          | arrivals                  | input tokens      | output tokens        |
 |---------------|-------------------------------|---------------------------|-------------------|----------------------|
@@ -27,6 +28,7 @@ tiny model.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Iterable
 
 from .arrivals import as_rng, onoff_arrivals
@@ -35,6 +37,13 @@ from .spec import Workload
 from .synthetic import from_arrivals, shared_prefix as _shared_prefix, synthetic
 
 __all__ = ["presets", "load_workload"]
+
+
+def _finish(wl: Workload, rate: float) -> Workload:
+    """Rescale to the mean rate ``rate`` and round arrival times to 1 us."""
+    wl = wl.with_rate(rate)
+    reqs = [dataclasses.replace(r, arrival_time=round(r.arrival_time, 6)) for r in wl]
+    return Workload(reqs, name=wl.name, meta=wl.meta)
 
 
 def chat(n: int = 1000, rate: float = 5.53, seed: int = 1001) -> Workload:
@@ -46,7 +55,7 @@ def chat(n: int = 1000, rate: float = 5.53, seed: int = 1001) -> Workload:
                    input_len=lognormal(median=1020, mean=1154.7, min=2, max=14050),
                    output_len=lognormal(median=129, mean=211.1, min=7, max=1000),
                    seed=seed, name="chat")
-    return wl.with_rate(rate)
+    return _finish(wl, rate)
 
 
 def rag(n: int = 500, rate: float = 2.0, seed: int = 1002) -> Workload:
@@ -57,7 +66,7 @@ def rag(n: int = 500, rate: float = 2.0, seed: int = 1002) -> Workload:
                    input_len=lognormal(median=2048, sigma=0.35, min=1024, max=4096),
                    output_len=lognormal(median=64, sigma=0.6, min=8, max=512),
                    seed=seed, name="rag")
-    return wl.with_rate(rate)
+    return _finish(wl, rate)
 
 
 # On/off fit of the Azure code 2023 trace (datasets/make_workloads.py --fit): gaps
@@ -80,7 +89,7 @@ def code_bursty(n: int = 2000, rate: float = 2.57, seed: int = 1003) -> Workload
     wl = from_arrivals(times, input_len=lognormal(median=1469, mean=2047.8, min=3, max=7437),
                        output_len=lognormal(median=13, mean=27.9, min=6, max=1899),
                        seed=seed, name="code_bursty")
-    return wl.with_rate(rate)
+    return _finish(wl, rate)
 
 
 def long_tail(n: int = 1000, rate: float = 2.0, seed: int = 1004) -> Workload:
@@ -92,7 +101,7 @@ def long_tail(n: int = 1000, rate: float = 2.0, seed: int = 1004) -> Workload:
                    input_len=lognormal(median=512, sigma=0.8, max=4096),
                    output_len=lognormal(median=64, sigma=1.5, max=4096),
                    seed=seed, name="long_tail")
-    return wl.with_rate(rate)
+    return _finish(wl, rate)
 
 
 def shared_prefix(n: int = 1000, rate: float = 4.0, seed: int = 1005) -> Workload:
@@ -104,7 +113,7 @@ def shared_prefix(n: int = 1000, rate: float = 4.0, seed: int = 1005) -> Workloa
                         suffix_len=lognormal(median=128, sigma=0.8, max=1024),
                         output_len=lognormal(median=128, sigma=0.8, max=1024),
                         popularity=1.0, seed=seed, name="shared_prefix")
-    return wl.with_rate(rate)
+    return _finish(wl, rate)
 
 
 presets: dict[str, Callable[..., Workload]] = {
