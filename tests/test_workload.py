@@ -84,6 +84,13 @@ def test_weighted_classes():
     assert 0.87 < share < 0.93
 
 
+def test_from_arrivals_uses_the_given_times():
+    w = from_arrivals([0.0, 1.0, 1.5], input_len=5, output_len=uniform(1, 3), name="x")
+    assert list(w.arrival_times) == [0.0, 1.0, 1.5]
+    assert [r.request_id for r in w] == ["x-0", "x-1", "x-2"]
+    assert all(r.prompt_len == 5 and 1 <= r.max_tokens <= 3 for r in w)
+
+
 def test_streams_are_independent():
     # Changing the length distribution must not move the arrivals.
     a = synthetic(100, 2.0, input_len=10, seed=9)

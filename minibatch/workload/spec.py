@@ -13,7 +13,6 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np

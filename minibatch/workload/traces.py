@@ -103,25 +103,25 @@ def sniff_format(path) -> str:
 # --- field parsers: each raises TraceFormatError with file, line and field ----------
 
 def _int(path, line, field, text) -> int:
-    s = text.strip() if isinstance(text, str) else text
-    if isinstance(s, bool):
-        pass
-    elif isinstance(s, int):
-        if s >= 0:
-            return s
-    elif isinstance(s, float):
-        if s >= 0 and s.is_integer():
-            return int(s)
-    elif isinstance(s, str):
+    """A non-negative integer from CSV text ("12", also "12.0") or a JSON number."""
+    value = None
+    if isinstance(text, str):
+        s = text.strip()
         if s.isascii() and s.isdigit():
-            return int(s)
-        try:  # "12.0" as some CSV writers emit
-            f = float(s)
-            if f >= 0 and f.is_integer():
-                return int(f)
-        except ValueError:
-            pass
-    raise TraceFormatError(path, line, f"expected a non-negative integer, got {text!r}", field)
+            value = int(s)
+        else:
+            try:
+                f = float(s)
+                value = int(f) if f.is_integer() else None
+            except (ValueError, OverflowError):
+                pass
+    elif isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    elif isinstance(text, float) and text.is_integer():
+        value = int(text)
+    if value is None or value < 0:
+        raise TraceFormatError(path, line, f"expected a non-negative integer, got {text!r}", field)
+    return value
 
 
 def _number(path, line, field, text) -> float:
