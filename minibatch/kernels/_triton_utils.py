@@ -68,6 +68,15 @@ def num_sms(device: torch.device) -> int:
     return 16
 
 
+def check_interpretable(*tensors: torch.Tensor) -> None:
+    """Refuse bfloat16 attention in the CPU interpreter, which computes ``tl.dot`` on
+    bf16 blocks wrongly (Triton 3.9: results off by orders of magnitude); float32 and
+    float16 are fine there, and bf16 is fine compiled on a GPU."""
+    if interpreting() and any(t.dtype == torch.bfloat16 for t in tensors):
+        raise RuntimeError("the Triton CPU interpreter gives wrong results for bfloat16 attention; "
+                           "use float32/float16 on CPU, or backend='torch'")
+
+
 def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     if k_cache.dim() != 4:
         raise ValueError("k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], "

@@ -44,6 +44,7 @@ from minibatch.kernels._triton_utils import (
     check_cache,
     check_device,
     check_heads,
+    check_interpretable,
     default_scale,
     dot_precision,
     interpreting,
@@ -242,6 +243,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """
     check_device(q, k_cache, v_cache, block_tables, context_lens)
     check_cache(k_cache, v_cache)
+    check_interpretable(q, k_cache)
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
     if cache_head_dim != head_dim:

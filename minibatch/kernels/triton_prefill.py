@@ -30,6 +30,7 @@ from minibatch.kernels._triton_utils import (
     check_cache,
     check_device,
     check_heads,
+    check_interpretable,
     default_scale,
     dot_precision,
     interpreting,
@@ -148,6 +149,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     """
     check_device(q, k_cache, v_cache, block_tables, context_lens, query_start_loc)
     check_cache(k_cache, v_cache)
+    check_interpretable(q, k_cache)
     total, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
     if cache_head_dim != head_dim:
