@@ -24,14 +24,16 @@ class PagedCase:
         A kernel reading even one such slot (the tail of a last block, an unused block)
         turns its output NaN, even if it then masks the score: 0 * NaN = NaN.
         """
-        block_size = self.k_cache.shape[1]
-        used = torch.zeros(self.k_cache.shape[:2], dtype=torch.bool, device=self.k_cache.device)
-        for table, n in zip(self.block_tables.tolist(), self.context_lens.tolist()):
-            for t in range(n):
-                used[table[t // block_size], t % block_size] = True
+        num_blocks, block_size = self.k_cache.shape[:2]
+        used = torch.zeros(num_blocks * block_size, dtype=torch.bool)
+        tables = self.block_tables.cpu().long()
+        for s, n in enumerate(self.context_lens.tolist()):
+            t = torch.arange(n)
+            used[tables[s, t // block_size] * block_size + t % block_size] = True
+        unused = ~used.view(num_blocks, block_size).to(self.k_cache.device)
         k, v = self.k_cache.clone(), self.v_cache.clone()
-        k[~used] = float("nan")
-        v[~used] = float("nan")
+        k[unused] = float("nan")
+        v[unused] = float("nan")
         return k, v
 
 
