@@ -98,7 +98,7 @@ def random_hf_state_dict(hf_config, seed: int, init_std: float | None = None) ->
     if init_std is not None:
         hf_config.initializer_range = init_std
     torch.manual_seed(seed)
-    hf_model = AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.float32)
+    hf_model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     return {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
 
 

@@ -1,0 +1,31 @@
+# Two entry points (see README): `make course` and `make test`. Each sets up .venv itself.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch that this project is developed and tested with.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup course test bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[serve,course,dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+course: setup
+	$(BIN)/jupyter lab chapters/
+
+test: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: setup
+	$(BIN)/python benchmarks/offline_throughput.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,121 @@
+"""Block conservation and scheduler invariants, as property tests over random workloads."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minibatch.config import EngineConfig
+from minibatch.engine import LLMEngine
+from minibatch.executor import StepOutput
+from minibatch.kv_cache import KVCacheManager
+from minibatch.request import Request
+from minibatch.sampling_params import SamplingParams
+
+
+class CountingExecutor:
+    """No model: every sampling request gets token ``position % 97 + 3``; 1 ms a step."""
+
+    model_config = None
+    max_model_len = 4096
+
+    def __init__(self, num_kv_blocks: int):
+        self.num_kv_blocks = num_kv_blocks
+
+    def execute(self, batch, kv):
+        sampled = [(r, (r.num_tokens % 97) + 3) for r, n in batch.items
+                   if r.num_computed_tokens + n == r.num_tokens]
+        return StepOutput(sampled, 0.001, 0.001)
+
+
+workloads = st.lists(
+    st.tuples(st.integers(1, 80), st.integers(1, 40), st.integers(0, 5)),  # prompt, max_tokens, arrival step
+    min_size=1, max_size=24)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workload=workloads, num_blocks=st.integers(8, 64), block_size=st.sampled_from([4, 8, 16]),
+       max_num_seqs=st.integers(1, 8), budget=st.integers(8, 96), chunked=st.booleans(),
+       prefix=st.booleans())
+def test_blocks_conserved_and_no_request_lost(workload, num_blocks, block_size, max_num_seqs, budget,
+                                             chunked, prefix):
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, block_size=block_size,
+                          num_kv_blocks=num_blocks, enable_chunked_prefill=chunked,
+                          enable_prefix_caching=prefix)
+    engine = LLMEngine(config, clock="virtual", executor=CountingExecutor(num_blocks))
+    submitted, rejected = [], 0
+    pending = sorted(enumerate(workload), key=lambda x: x[1][2])
+    step = 0
+    while pending or engine.has_unfinished_requests():
+        while pending and pending[0][1][2] <= step:
+            i, (plen, max_tokens, _) = pending.pop(0)
+            prompt = [(i * 7 + j) % 50 + 3 for j in range(plen)]  # shared prefixes across requests
+            try:
+                submitted.append(engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
+            except ValueError as e:
+                assert "KV blocks" in str(e) or "max_num_batched_tokens" in str(e)
+                rejected += 1
+        engine.step()
+        engine.kv.check_invariants()
+        assert engine.kv.num_used_blocks + engine.kv.num_free_blocks == num_blocks
+        step += 1
+        assert step < 5000, "the engine stopped making progress"
+    assert len(submitted) + rejected == len(workload)
+    for rid in submitted:
+        req = engine.requests[rid]
+        assert req.status.value == "length"
+        assert req.num_output_tokens == req.sampling_params.max_tokens
+    assert engine.kv.num_free_blocks == num_blocks, "blocks left allocated after the run"
+
+
+def _req(rid, tokens, max_tokens=4):
+    return Request(rid, tokens, SamplingParams(max_tokens=max_tokens), 0.0)
+
+
+def test_allocation_is_on_demand_one_block_at_a_time():
+    kv = KVCacheManager(num_blocks=10, block_size=4)
+    r = _req("a", list(range(5)))
+    assert kv.allocate_slots(r, 5)
+    assert len(kv.block_table("a")) == 2          # 5 tokens -> 2 blocks of 4
+    r.num_computed_tokens = 5
+    assert kv.allocate_slots(r, 3)                # up to 8 tokens: still 2 blocks
+    assert len(kv.block_table("a")) == 2
+    r.num_computed_tokens = 8
+    assert kv.allocate_slots(r, 1)
+    assert len(kv.block_table("a")) == 3
+    assert not kv.allocate_slots(_req("b", list(range(40))), 40)   # needs 10 blocks, 7 free
+    kv.free(r)
+    assert kv.num_free_blocks == 10
+
+
+def test_prefix_cache_shares_full_blocks_and_evicts_lru():
+    kv = KVCacheManager(num_blocks=6, block_size=4, enable_prefix_caching=True)
+    a = _req("a", list(range(10)))
+    assert kv.allocate_slots(a, 10)
+    a.num_computed_tokens = 10
+    kv.cache_full_blocks(a)                       # blocks 0..1 are full and cached
+    b = _req("b", list(range(8)) + [99, 98, 97])
+    hits, n = kv.get_computed_blocks(b)
+    assert n == 8 and hits == kv.block_table("a")[:2]
+    b.num_computed_tokens = n
+    assert kv.allocate_slots(b, 3, hits)
+    assert kv.block_table("b")[:2] == hits
+    assert kv.pool.blocks[hits[0]].ref_cnt == 2
+    kv.free(a)
+    kv.free(b)
+    kv.check_invariants()
+    assert kv.num_free_blocks == 6                # cached blocks are free but still hit
+    assert kv.get_computed_blocks(_req("c", list(range(9))))[1] == 8
+    big = _req("d", [50 + i for i in range(24)])
+    assert kv.allocate_slots(big, 24)             # takes every block: the cache is evicted
+    assert kv.get_computed_blocks(_req("e", list(range(9))))[1] == 0
+
+
+def test_full_prompt_hit_still_computes_one_token():
+    kv = KVCacheManager(num_blocks=6, block_size=4, enable_prefix_caching=True)
+    a = _req("a", list(range(8)))
+    kv.allocate_slots(a, 8)
+    a.num_computed_tokens = 8
+    kv.cache_full_blocks(a)
+    hits, n = kv.get_computed_blocks(_req("b", list(range(8))))
+    assert n == 4 and len(hits) == 1               # the last block is recomputed for its logits
