@@ -125,7 +125,7 @@ class LLMEngine:
                       eos_token_ids=self.eos_token_ids, priority=priority, tenant=tenant, prompt=text)
         self.requests[request_id] = req
         self.scheduler.add(req)
-        self._emit("arrival", req)
+        self._emit("arrival", req, prompt_len=req.num_prompt_tokens, priority=priority, tenant=tenant)
         return request_id
 
     def abort_request(self, request_id: str) -> bool:
@@ -220,7 +220,7 @@ class LLMEngine:
             req.output_text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
         self._detok.pop(req.request_id, None)
         self.finished.append(req)
-        self._emit("abort" if status is RequestStatus.FINISHED_ABORTED else "finish", req)
+        self._emit("abort" if status is RequestStatus.FINISHED_ABORTED else "finish", req, reason=status.value)
 
     def reject(self, prompt, params, error: str, request_id: str | None = None,
                arrival_time: float | None = None) -> Request:

@@ -1,0 +1,199 @@
+"""Per-request records and the run summary, with ``vllm bench serve``'s metric definitions.
+
+For a request with arrival ``a``, first token at ``f``, token times ``t_1..t_n`` and
+finish ``e``: TTFT = f - a; E2E = e - a; TPOT = (t_n - t_1) / (n - 1) (the first
+token excluded); ITL = every gap t_{i+1} - t_i; queue delay = first scheduled - a.
+Throughput counts output tokens over the run's duration (first arrival to last
+finish). Goodput counts, per second, the requests that meet every bound of an SLO such
+as ``{"ttft": 0.8, "tpot": 0.05}`` (seconds).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from minibatch.metrics import StepRecord
+from minibatch.request import Request, RequestMetrics
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    arrival_time: float
+    prompt_len: int
+    output_len: int
+    priority: int = 0
+    tenant: str | None = None
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    num_preemptions: int = 0
+    prefix_hit_tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    output_token_ids: list[int] | None = None
+
+    def _m(self) -> RequestMetrics:
+        return RequestMetrics(self.arrival_time, self.first_scheduled_time, self.first_token_time,
+                              self.finish_time, self.prompt_len, self.output_len, self.num_preemptions,
+                              self.prefix_hit_tokens, self.token_times)
+
+    @property
+    def ttft(self) -> float | None:
+        return self._m().ttft
+
+    @property
+    def tpot(self) -> float | None:
+        return self._m().tpot
+
+    @property
+    def itl(self) -> list[float]:
+        return self._m().itl
+
+    @property
+    def e2e(self) -> float | None:
+        return self._m().e2e
+
+    @property
+    def queue_delay(self) -> float | None:
+        return self._m().queue_delay
+
+    @property
+    def completed(self) -> bool:
+        return self.finish_reason in ("stop", "length")
+
+    @classmethod
+    def of(cls, req: Request, keep_tokens: bool = True) -> "RequestRecord":
+        return cls(req.request_id, req.arrival_time, req.num_prompt_tokens, req.num_output_tokens,
+                   req.priority, req.tenant, req.first_scheduled_time, req.first_token_time, req.finish_time,
+                   list(req.token_times), req.num_preemptions, req.num_cached_tokens,
+                   req.status.value if req.status.finished else None, req.error,
+                   list(req.output_token_ids) if keep_tokens else None)
+
+
+def records_from_events(events) -> list[RequestRecord]:
+    """Rebuild request records from an event log of ``(time, event, request_id, info)``.
+
+    Events: ``arrival`` (info: ``prompt_len``, optional ``priority``/``tenant``),
+    ``schedule``, ``token`` (one per generated token), ``preempt``, ``finish``
+    (info: ``reason``, default ``"length"``), ``abort``, ``reject`` (info: ``error``).
+    The engine emits the same events, so records built this way equal the engine's.
+    """
+    recs: dict[str, RequestRecord] = {}
+    for time, event, rid, info in sorted(events, key=lambda e: e[0]):
+        info = info or {}
+        if event == "arrival":
+            recs[rid] = RequestRecord(rid, time, info.get("prompt_len", 0), 0,
+                                      info.get("priority", 0), info.get("tenant"))
+            continue
+        rec = recs[rid]
+        if event == "schedule" and rec.first_scheduled_time is None:
+            rec.first_scheduled_time = time
+        elif event == "token":
+            rec.token_times.append(time)
+            rec.output_len += 1
+            if rec.first_token_time is None:
+                rec.first_token_time = time
+        elif event == "preempt":
+            rec.num_preemptions += 1
+        elif event in ("finish", "abort", "reject"):
+            rec.finish_time = time
+            rec.finish_reason = {"finish": info.get("reason", "length"), "abort": "abort",
+                                 "reject": "rejected"}[event]
+            rec.error = info.get("error")
+    return list(recs.values())
+
+
+def _stats(prefix: str, values: list[float], out: dict) -> None:
+    arr = np.asarray([v for v in values if v is not None], dtype=float)
+    out[f"{prefix}_mean"] = float(arr.mean()) if arr.size else float("nan")
+    for p in PERCENTILES:
+        out[f"{prefix}_p{p}"] = float(np.percentile(arr, p)) if arr.size else float("nan")
+
+
+def meets_slo(rec: RequestRecord, slo: dict[str, float]) -> bool:
+    if not rec.completed:
+        return False
+    for key, bound in slo.items():
+        value = getattr(rec, key)
+        if key == "tpot" and value is None:      # a one-token output has no TPOT
+            continue
+        if value is None or value > bound:
+            return False
+    return True
+
+
+def summarize(records: list[RequestRecord], steps: list[StepRecord] | None = None,
+              slo: dict[str, float] | None = None) -> dict:
+    """The flat summary dict of a run (see module docstring for the definitions)."""
+    steps = steps or []
+    done = [r for r in records if r.completed]
+    out: dict = {"num_requests": len(records), "completed": len(done),
+                 "failed": sum(1 for r in records if r.finish_reason in ("abort", "rejected"))}
+    starts = [r.arrival_time for r in records]
+    ends = [r.finish_time for r in done if r.finish_time is not None]
+    duration = (max(ends) - min(starts)) if ends else 0.0
+    out["duration_s"] = duration
+    out_tokens = sum(r.output_len for r in done)
+    in_tokens = sum(r.prompt_len for r in done)
+    out["total_input_tokens"] = in_tokens
+    out["total_output_tokens"] = out_tokens
+    out["request_throughput"] = len(done) / duration if duration > 0 else 0.0
+    out["throughput_tok_s"] = out_tokens / duration if duration > 0 else 0.0
+    out["total_throughput_tok_s"] = (out_tokens + in_tokens) / duration if duration > 0 else 0.0
+    _stats("ttft", [r.ttft for r in done], out)
+    _stats("tpot", [r.tpot for r in done], out)
+    _stats("itl", [g for r in done for g in r.itl], out)
+    _stats("e2e", [r.e2e for r in done], out)
+    _stats("queue_delay", [r.queue_delay for r in done], out)
+    if slo:
+        good = sum(1 for r in done if meets_slo(r, slo))
+        out["goodput"] = good / duration if duration > 0 else 0.0
+        out["slo_attainment"] = good / len(records) if records else 0.0
+    prompt_total = sum(r.prompt_len for r in records if r.first_scheduled_time is not None)
+    out["prefix_cache_hit_rate"] = (sum(r.prefix_hit_tokens for r in records) / prompt_total
+                                    if prompt_total else 0.0)
+    out["num_preemptions"] = sum(r.num_preemptions for r in records)
+    if steps:
+        w = np.asarray([s.duration for s in steps], dtype=float)
+        u = np.asarray([s.kv_usage for s in steps], dtype=float)
+        out["kv_util_mean"] = float((w * u).sum() / w.sum()) if w.sum() > 0 else float(u.mean())
+        out["kv_util_max"] = float(u.max())
+        out["num_steps"] = len(steps)
+        out["mean_batch_size"] = float(np.mean([s.num_seqs for s in steps]))
+    else:
+        out["kv_util_mean"] = out["kv_util_max"] = 0.0
+    return out
+
+
+@dataclass
+class RunResult:
+    """What :func:`minibatch.run` returns: per-request records, the step timeline, the setup."""
+
+    requests: list[RequestRecord]
+    steps: list[StepRecord]
+    config: dict
+    reconfigurations: list[tuple[float, str, object]] = field(default_factory=list)
+    kv_blocks_total: int = 0
+    wall_time_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def summary(self, slo: dict[str, float] | None = None) -> dict:
+        return summarize(self.requests, self.steps, slo)
+
+    def to_json(self, path=None, slo=None) -> str:
+        data = {"summary": self.summary(slo), "config": self.config,
+                "reconfigurations": [list(r) for r in self.reconfigurations],
+                "requests": [{k: v for k, v in asdict(r).items() if k not in ("token_times", "output_token_ids")}
+                             for r in self.requests]}
+        text = json.dumps(data, indent=1, default=str)
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text)
+        return text
