@@ -87,14 +87,20 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--sample-seed", type=int, default=None)
     g.set_defaults(func=cmd_generate)
 
-    for name, module in (("serve", "minibatch.server"), ("bench", "minibatch.bench"),
-                         ("simulate", "minibatch.simulate"), ("profile", "minibatch.profile"),
-                         ("demo", "minibatch.demo")):
+    modules = (("serve", "minibatch.server"), ("bench", "minibatch.bench"),
+               ("simulate", "minibatch.simulate"), ("profile", "minibatch.profile"), ("demo", "minibatch.demo"))
+    for name, module in modules:
         p = sub.add_parser(name, help=f"see python -m minibatch {name} --help", add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=None, module=module)
 
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    delegated = {name: module for name, module in modules}
+    if argv and argv[0] in delegated:
+        # Hand the rest over untouched: argparse's REMAINDER rejects a leading option (--port ...).
+        args = argparse.Namespace(func=None, command=argv[0], module=delegated[argv[0]], rest=argv[1:])
+    else:
+        args = parser.parse_args(argv)
     if args.func is None:
         import importlib
         try:
