@@ -16,6 +16,7 @@ from minibatch.kernels.reference import (
     paged_prefill_attention_ref,
     store_kv_ref,
 )
+from minibatch.kernels.torch_paged import paged_decode_attention_torch, paged_prefill_attention_torch
 
 
 def resolve_backend(backend: str | None, device: torch.device) -> str:
@@ -37,7 +38,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     if resolve_backend(backend, q.device) == "triton":
         from minibatch.kernels import triton_kernels
         return triton_kernels.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
-    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return paged_decode_attention_torch(q, k_cache, v_cache, block_tables, context_lens, scale)
 
 
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, context_lens, query_start_loc,
@@ -46,8 +47,9 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, context_lens, que
         from minibatch.kernels import triton_kernels
         return triton_kernels.paged_prefill_attention(q, k_cache, v_cache, block_tables, context_lens,
                                                       query_start_loc, scale)
-    return paged_prefill_attention_ref(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
+    return paged_prefill_attention_torch(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
 
 
 __all__ = ["store_kv", "paged_decode_attention", "paged_prefill_attention", "resolve_backend",
-           "store_kv_ref", "paged_decode_attention_ref", "paged_prefill_attention_ref"]
+           "store_kv_ref", "paged_decode_attention_ref", "paged_prefill_attention_ref",
+           "paged_decode_attention_torch", "paged_prefill_attention_torch"]
