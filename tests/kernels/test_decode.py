@@ -140,3 +140,14 @@ def test_rejects_bad_head_counts(device):
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         _decode(torch.randn(1, 3, 32, device=device), case.k_cache, case.v_cache, case.block_tables,
                 case.context_lens)
+
+
+def test_rejects_head_dim_over_256_and_handles_empty_batch(device):
+    case = make_case([4], 8, 1, 288, device=device)
+    with pytest.raises(ValueError, match="head_dim"):
+        _decode(torch.randn(1, 1, 288, device=device), case.k_cache, case.v_cache, case.block_tables,
+                case.context_lens)
+    case = make_case([4], 8, 1, 32, device=device)
+    out = _decode(torch.empty(0, 2, 32, device=device), case.k_cache, case.v_cache, case.block_tables[:0],
+                  case.context_lens[:0])
+    assert out.shape == (0, 2, 32)
