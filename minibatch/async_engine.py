@@ -1,0 +1,313 @@
+"""The engine behind a server: one background thread runs the loop, asyncio tasks talk to it.
+
+``LLMEngine`` is single-threaded. ``AsyncEngine`` owns it and runs this loop in a
+thread of its own, so every connection of the server shares one batch::
+
+    while running:
+        apply queued commands (add, abort)       # from any thread, in order
+        if the engine has work:   step()         # one batch for all requests
+        else:                     sleep on a condition variable until a command arrives
+        deliver each request's new text/tokens to its asyncio stream (one hop per step)
+
+Callers never touch the engine: ``await add_request(...)`` queues a command and waits
+for the engine thread to validate it (bad input raises ``ValueError``), then reads the
+returned :class:`RequestStream`; ``abort(request_id)`` frees the request's KV blocks at
+the next loop turn. Finished requests are removed from the engine once delivered, so
+memory stays bounded however long the server runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from minibatch.engine import LLMEngine
+from minibatch.request import Request, RequestMetrics
+from minibatch.sampling_params import SamplingParams
+
+logger = logging.getLogger("minibatch.async_engine")
+
+IDLE_POLL_S = 0.005          # sleep when requests wait but no batch could run (e.g. a batching window)
+MAX_STEP_RECORDS = 2048      # the engine's step timeline is trimmed to this many records
+
+
+@dataclass
+class Delta:
+    """What a request produced since the last read: text and token ids, maybe its end."""
+
+    text: str
+    token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None     # "stop" | "length" | "abort"
+    stop_reason: str | int | None = None
+    error: str | None = None
+
+
+class RequestStream:
+    """The asyncio side of one request: ``async for delta in stream`` until it finishes.
+
+    Updates from the engine thread are coalesced, so a slow reader gets fewer, larger
+    deltas rather than an unbounded queue.
+    """
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, on_done=None):
+        self.request_id = request_id
+        self.loop = loop
+        self.num_prompt_tokens = 0
+        self.text = ""
+        self.token_ids: list[int] = []
+        self.finished = False
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.error: str | None = None
+        self.metrics: RequestMetrics | None = None
+        self._pending_text: list[str] = []
+        self._pending_ids: list[int] = []
+        self._delivered_end = False
+        self.counted = False                # counts toward AsyncEngine.num_in_flight
+        self._event = asyncio.Event()
+        self._on_done = on_done
+
+    # Called on the event loop (scheduled from the engine thread).
+    def _update(self, text: str, ids: list[int], end: tuple | None) -> None:
+        self.text += text
+        self.token_ids += ids
+        self._pending_text.append(text)
+        self._pending_ids += ids
+        if end is not None and not self.finished:
+            self.finished = True
+            self.finish_reason, self.stop_reason, self.error, self.metrics = end
+            if self._on_done is not None:
+                self._on_done(self)
+        self._event.set()
+
+    async def next_delta(self) -> Delta | None:
+        """The next coalesced delta, or ``None`` after the final one was returned."""
+        while True:
+            if self._delivered_end:
+                return None
+            if self._pending_ids or self._pending_text or self.finished:
+                break
+            self._event.clear()
+            await self._event.wait()
+        delta = Delta("".join(self._pending_text), self._pending_ids, self.finished,
+                      self.finish_reason, self.stop_reason, self.error)
+        self._pending_text, self._pending_ids = [], []
+        self._delivered_end = self.finished
+        return delta
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Delta:
+        delta = await self.next_delta()
+        if delta is None:
+            raise StopAsyncIteration
+        return delta
+
+    async def wait(self) -> None:
+        """Wait until the request has finished (drains the deltas)."""
+        async for _ in self:
+            pass
+
+
+@dataclass
+class _Track:
+    """Engine-thread bookkeeping of what a stream has already been sent."""
+
+    stream: RequestStream
+    max_stop_len: int
+    sent_chars: int = 0
+    sent_tokens: int = 0
+    updates: list = field(default_factory=list)
+
+
+class AsyncEngine:
+    """Runs ``engine`` in a background thread; thread-safe ``add_request`` / ``abort``."""
+
+    def __init__(self, engine: LLMEngine, metrics=None):
+        engine.stream_text = True            # keep ``Request.output_text`` up to date per token
+        self.engine = engine
+        self.metrics = metrics
+        if metrics is not None:
+            engine.subscribe(metrics.on_event)
+        self._cv = threading.Condition()
+        self._commands: deque = deque()
+        self._tracks: dict[str, _Track] = {}     # engine thread only
+        self._stopping = False
+        self.num_in_flight = 0                   # event-loop side: admitted, not yet finished
+        self.gauges = self._gauges()             # snapshot published by the engine thread
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="minibatch-engine", daemon=True)
+        self._thread.start()
+
+    # -- API (any thread / the event loop) ------------------------------------------------
+    async def add_request(self, prompt, params: SamplingParams, request_id: str) -> RequestStream:
+        """Queue a request; raises ``ValueError`` naming the problem if it is invalid."""
+        if self._stopping:
+            raise RuntimeError("the engine is shutting down")
+        loop = asyncio.get_running_loop()
+        stream = RequestStream(request_id, loop, on_done=self._on_stream_done)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self.num_in_flight += 1
+        stream.counted = True
+        self._submit(("add", prompt, params, stream, fut))
+        try:
+            stream.num_prompt_tokens = await asyncio.wrap_future(fut)
+        except BaseException:
+            self._on_stream_done(stream)
+            rejected = fut.done() and not fut.cancelled() and fut.exception() is not None
+            if not rejected:
+                self.abort(request_id)       # cancelled while queued: do not leave it running
+            raise
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (e.g. its client went away); its KV blocks are freed at once."""
+        self._submit(("abort", request_id))
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Abort whatever is still running, deliver the ends, and stop the thread."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        self._thread.join(timeout)
+        with self._cv:                       # commands that came too late: fail them
+            late, self._commands = list(self._commands), deque()
+        for cmd in late:
+            if cmd[0] == "add" and cmd[-1].set_running_or_notify_cancel():
+                cmd[-1].set_exception(RuntimeError("the engine is shutting down"))
+
+    def _on_stream_done(self, stream: RequestStream) -> None:
+        if stream.counted:
+            stream.counted = False
+            self.num_in_flight -= 1
+
+    def _submit(self, command: tuple) -> None:
+        with self._cv:
+            self._commands.append(command)
+            self._cv.notify()
+
+    # -- the engine thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        engine = self.engine
+        idle_wait = None
+        while True:
+            with self._cv:
+                if not self._commands and not self._stopping:
+                    if not engine.has_unfinished_requests():
+                        self._cv.wait()
+                    elif idle_wait is not None:
+                        self._cv.wait(idle_wait)
+                commands = list(self._commands)
+                self._commands.clear()
+                stopping = self._stopping
+            idle_wait = None
+            touched: list[Request] = []
+            for cmd in commands:
+                self._apply(cmd)
+            if stopping:
+                for rid in list(self._tracks):
+                    engine.abort_request(rid)
+            elif engine.has_unfinished_requests():
+                num_steps = len(engine.steps)
+                try:
+                    touched = engine.step()
+                except Exception as e:  # keep serving: fail the requests in flight, not the server
+                    logger.exception("engine step failed")
+                    self.error = e
+                    for rid in list(self._tracks):
+                        engine.requests[rid].error = f"engine error: {e}"
+                        engine.abort_request(rid)
+                if len(engine.steps) == num_steps:      # nothing could run this turn
+                    idle_wait = self._idle_wait()
+                if len(engine.steps) > 2 * MAX_STEP_RECORDS:
+                    del engine.steps[:-MAX_STEP_RECORDS]
+            self._deliver(touched)
+            self.gauges = self._gauges()
+            if stopping:
+                return
+
+    def _apply(self, cmd: tuple) -> None:
+        engine = self.engine
+        if cmd[0] == "abort":
+            engine.abort_request(cmd[1])
+            return
+        _, prompt, params, stream, fut = cmd
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            rid = engine.add_request(prompt, params, request_id=stream.request_id)
+        except Exception as e:  # ValueError for bad input; anything else is reported too
+            fut.set_exception(e)
+            return
+        req = engine.requests[rid]
+        stops = req.sampling_params.stop
+        self._tracks[rid] = _Track(stream, max((len(s) for s in stops), default=0))
+        fut.set_result(req.num_prompt_tokens)
+
+    def _idle_wait(self) -> float:
+        sched = self.engine.scheduler
+        now = self.engine.clock.now()
+        wake = sched.policy.next_wakeup(sched.state(now))
+        if wake is None:
+            return IDLE_POLL_S
+        return min(max(wake - now, 0.0), 0.1)
+
+    def _deliver(self, touched: list[Request]) -> None:
+        """Send each touched or finished request its new text and tokens (one hop per loop)."""
+        engine = self.engine
+        finished, engine.finished = engine.finished, []     # the engine's list would grow forever
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for req in touched + finished:
+            track = self._tracks.get(req.request_id)
+            if track is None:
+                continue
+            done = req.is_finished
+            text = self._final_text(req) if done else req.output_text
+            if not done and track.max_stop_len > 1:     # hold back what may become a stop string
+                text = text[:max(track.sent_chars, len(text) - track.max_stop_len + 1)]
+            new_text = text[track.sent_chars:]
+            new_ids = req.output_token_ids[track.sent_tokens:]
+            track.sent_chars += len(new_text)
+            track.sent_tokens += len(new_ids)
+            end = None
+            if done:
+                end = (req.status.value, req.stop_reason, req.error, RequestMetrics.of(req))
+                del self._tracks[req.request_id]
+                engine.requests.pop(req.request_id, None)
+            if new_text or new_ids or end is not None:
+                by_loop.setdefault(track.stream.loop, []).append((track.stream, new_text, new_ids, end))
+        for loop, updates in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_apply_updates, updates)
+            except RuntimeError:    # the event loop is closed: nobody is listening any more
+                pass
+
+    def _final_text(self, req: Request) -> str:
+        """The finished text. The incremental detokenizer holds back a trailing incomplete
+        character; the full decode (what offline ``generate`` returns) has it."""
+        tok = self.engine.tokenizer
+        if tok is None or isinstance(req.stop_reason, str):
+            return req.output_text
+        full = tok.decode(req.output_token_ids, skip_special_tokens=True)
+        return full if full.startswith(req.output_text) else req.output_text
+
+    def _gauges(self) -> dict:
+        e = self.engine
+        return {"running": len(e.scheduler.running), "waiting": len(e.scheduler.waiting),
+                "kv_used_blocks": e.kv.num_used_blocks, "kv_total_blocks": e.kv.num_blocks,
+                "kv_usage": e.kv.usage, "preemptions": e.scheduler.num_preemptions}
+
+
+def _apply_updates(updates: list) -> None:
+    for stream, text, ids, end in updates:
+        stream._update(text, ids, end)
