@@ -1,0 +1,67 @@
+"""Start ``python -m minibatch serve`` in a subprocess on a free loopback port (test helper)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+STARTUP_TIMEOUT_S = 90
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, log_path, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "minibatch", "serve", "--port", str(self.port),
+             "--uvicorn-log-level", "warning", *args],
+            stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self._wait_ready()
+
+    def log(self) -> str:
+        self._log.flush()
+        return open(self.log_path, errors="replace").read()[-4000:]
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"server not ready after {STARTUP_TIMEOUT_S} s:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of the first sample of ``name`` with these labels in a Prometheus text page."""
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if (head == name or head.startswith(name + "{")) and all(w in head for w in want):
+            return float(value)
+    raise KeyError(f"{name} {labels}")

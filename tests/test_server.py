@@ -1,0 +1,230 @@
+"""``python -m minibatch serve`` through the official ``openai`` client and raw HTTP.
+
+One server process (tiny model, API key, at most MAX_CONCURRENT requests in flight) serves
+the whole module; the last test shuts it down with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from minibatch import LLM, SamplingParams
+from serving_utils import ServerProcess, metric
+
+openai = pytest.importorskip("openai")
+
+API_KEY = "sk-minibatch-test"
+MAX_CONCURRENT = 40
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+PROMPTS = [f"{s} {i}" for i, s in enumerate(
+    ["Once upon a time", "The little cat", "今天天气很好", "Tom found a box", "小明和他的狗",
+     "In the forest there was", "The rain fell on", "我们一起去公园"] * 4)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = ServerProcess(tmp_path_factory.mktemp("server") / "server.log", "--api-key", API_KEY,
+                        "--max-concurrent-requests", str(MAX_CONCURRENT), "--max-num-seqs", "32")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def metrics(server) -> str:
+    return httpx.get(f"{server.url}/metrics", timeout=10).text
+
+
+def post(server, path: str, body, headers=AUTH, **kw) -> httpx.Response:
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(f"{server.url}{path}", content=content, timeout=60,
+                      headers={"Content-Type": "application/json", **headers}, **kw)
+
+
+def test_completion(client):
+    out = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=8, temperature=0)
+    choice = out.choices[0]
+    assert out.object == "text_completion" and out.id.startswith("cmpl-")
+    assert isinstance(choice.text, str) and choice.text
+    assert choice.finish_reason in ("length", "stop")
+    assert out.usage.prompt_tokens > 0 and 1 <= out.usage.completion_tokens <= 8
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+
+
+def test_streamed_chat_equals_unstreamed(client):
+    kw = dict(model="tiny", messages=[{"role": "system", "content": "You are kind."},
+                                      {"role": "user", "content": "Tell me a story"}],
+              max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+    full = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert text == full.choices[0].message.content and finals == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
+    assert len([c for c in chunks if c.choices]) >= 3          # streamed, not one blob
+
+
+def test_concurrent_streams_match_offline_generate(server):
+    async def one(client, prompt):
+        stream = await client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True})
+        text, n = [], None
+        async for c in stream:
+            text += [c.choices[0].text] if c.choices else []
+            n = c.usage.completion_tokens if c.usage else n
+        return "".join(text), n
+
+    async def run_all():
+        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0,
+                                      timeout=120) as client:
+            return await asyncio.gather(*(one(client, p) for p in PROMPTS))
+
+    served = asyncio.run(run_all())
+    offline = LLM("tiny").generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    assert [n for _, n in served] == [16] * len(PROMPTS)
+    assert [t for t, _ in served] == [o.outputs[0].text for o in offline]
+
+
+BAD_INPUTS = [  # (path, body, status, words in the message)
+    ("/v1/completions", b'{"prompt": "hi", ', 400, "JSON"),
+    ("/v1/completions", [1, 2], 400, "object"),
+    ("/v1/completions", {"model": "tiny"}, 400, "prompt"),
+    ("/v1/completions", {"prompt": 42}, 400, "prompt"),
+    ("/v1/completions", {"prompt": ""}, 400, "empty"),
+    ("/v1/completions", {"prompt": []}, 400, "empty"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "one per request"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": -5}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "temperature": -0.5}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "hi", "stop": 3}, 400, "stop"),
+    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "'n'"),
+    ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"prompt": list(range(5, 2005))}, 400, "max_model_len"),
+    ("/v1/completions", {"prompt": [5, 99999]}, 400, "vocabulary"),
+    ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "does not exist"),
+    ("/v1/chat/completions", {"model": "tiny"}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, words", BAD_INPUTS,
+                         ids=[f"{i}-{w}" for i, (_, _, _, w) in enumerate(BAD_INPUTS)])
+def test_bad_input_gets_openai_error(server, path, body, status, words):
+    r = post(server, path, body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert words in err["message"]
+
+
+def test_still_serves_after_bad_input(client, server):
+    for path, body, _, _ in BAD_INPUTS[:4]:
+        post(server, path, body)
+    out = client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=3, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 3 and out.usage.prompt_tokens == 3
+    assert metric(metrics(server), "minibatch:request_rejected_total", reason="overload") == 0
+
+
+def test_disconnect_mid_stream_frees_blocks(server):
+    body = {"prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True, "stream": True}
+    aborted = metric(metrics(server), "minibatch:request_success_total", finished_reason="abort")
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=60) as r:
+        lines = r.iter_lines()
+        got = [line for line, _ in zip(lines, range(8)) if line.startswith("data:")]
+        assert got
+        assert metric(metrics(server), "minibatch:kv_cache_used_blocks") > 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        page = metrics(server)
+        if metric(page, "minibatch:kv_cache_used_blocks") == 0 and metric(page, "minibatch:num_requests_running") == 0:
+            break
+        time.sleep(0.05)
+    assert metric(page, "minibatch:kv_cache_used_blocks") == 0
+    assert metric(page, "minibatch:kv_cache_usage_perc") == 0.0
+    assert metric(page, "minibatch:num_requests_in_flight") == 0
+    assert metric(page, "minibatch:request_success_total", finished_reason="abort") == aborted + 1
+
+
+def test_overload_gets_429_while_admitted_requests_complete(server):
+    n = MAX_CONCURRENT + 24
+
+    async def one(client, i):
+        body = {"prompt": [10 + i, 11, 12], "max_tokens": 64, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                return r.status_code, json.loads(await r.aread())
+            events = [line async for line in r.aiter_lines() if line.startswith("data:")]
+            return 200, events
+
+    async def run_all():
+        limits = httpx.Limits(max_connections=n)
+        async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=120, limits=limits) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(n)))
+
+    results = asyncio.run(run_all())
+    codes = [c for c, _ in results]
+    assert set(codes) <= {200, 429}
+    assert codes.count(200) >= 1 and codes.count(429) >= 1
+    for code, payload in results:
+        if code == 429:
+            assert payload["error"]["code"] == "rate_limit_exceeded" and "retry" in payload["error"]["message"]
+        else:
+            assert payload[-1] == "data: [DONE]"
+            assert json.loads(payload[-2][5:])["usage"]["completion_tokens"] == 64
+    assert metric(metrics(server), "minibatch:request_rejected_total", reason="overload") == codes.count(429)
+    assert post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_api_key(server):
+    bad = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.completions.create(model="tiny", prompt="hi", max_tokens=2)
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, headers={})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{server.url}/v1/models", timeout=10).status_code == 401
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def test_sigterm_finishes_in_flight_requests_and_exits_0(server):
+    """Last test: it shuts the module's server down."""
+    body = {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    started, events = threading.Event(), []
+
+    def reader():
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    events.append(line)
+                    started.set()
+
+    t = threading.Thread(target=reader)
+    t.start()
+    assert started.wait(30)
+    server.proc.send_signal(signal.SIGTERM)
+    t.join(60)
+    assert server.proc.wait(60) == 0, server.log()
+    assert events[-1] == "data: [DONE]"
+    usage = json.loads(events[-2][5:])["usage"]
+    assert usage["completion_tokens"] == 40                 # finished, not cut off
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{server.url}/health", timeout=2)
