@@ -255,8 +255,10 @@ class _Gen:
         s: list[str] = []
         H, h = hero.name, hero.subj
         # opening
-        o = self.r.randrange(5)
-        if o == 0:
+        o = self.r.randrange(6)
+        if o == 5:
+            s.append(f"{H} went to the {place}. {EN_WEATHER[weather][0]}")
+        elif o == 0:
             s.append(f"Once upon a time, there was {intro} named {H}.")
             s.append(f"One {weather} day, {H} went to the {place}.")
         elif o == 1:
@@ -406,8 +408,10 @@ class _Gen:
         thing = self.c(ZH_PLACE_THINGS)
         a_obj, obj = self.zh_obj()
         s: list[str] = []
-        o = self.r.randrange(4)
-        if o == 0:
+        o = self.r.randrange(5)
+        if o == 4:
+            s.append(f"有一天，{H}去{place}玩。{wdesc}")
+        elif o == 0:
             s.append(f"从前，有{hero.intro}，名叫{H}。")
             s.append(f"有一天，{wshort}，{H}去{place}玩。")
         elif o == 1:
