@@ -42,7 +42,7 @@ def parse_duration_ms(text: str | float | None) -> float | None:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    names = ["max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks",
+    names = ["model", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks",
              "enable_chunked_prefill", "enable_prefix_caching", "policy", "preemption_mode", "device",
              "dtype", "seed"]
     kw = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
@@ -55,7 +55,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 def cmd_generate(args: argparse.Namespace) -> int:
     from minibatch import LLM, SamplingParams
 
-    llm = LLM(args.model, **engine_kwargs(args))
+    llm = LLM(**engine_kwargs(args))
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, seed=args.sample_seed,
                             stop=args.stop)

@@ -73,9 +73,12 @@ class LLMEngine:
         """Call ``fn(event, time, request, info)`` on every request event."""
         self._listeners.append(fn)
 
-    def _emit(self, event: str, req: Request, **info) -> None:
+    def _emit(self, event: str, req: Request, at: float | None = None, **info) -> None:
+        if not self._listeners:
+            return
+        t = self.clock.now() if at is None else at
         for fn in self._listeners:
-            fn(event, self.clock.now(), req, info)
+            fn(event, t, req, info)
 
     # -- requests ----------------------------------------------------------------------
     def tokenize(self, prompt) -> tuple[str | None, list[int]]:
@@ -86,7 +89,7 @@ class LLMEngine:
                 raise ValueError("empty prompt: a request needs at least one token")
             return prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
         ids = list(prompt)
-        if any(not isinstance(t, int) or isinstance(t, bool) for t in ids):
+        if not set(map(type, ids)) <= {int}:      # one C-speed pass; bools and floats fail
             raise ValueError("a token-id prompt must be a list of integers")
         return None, ids
 
@@ -95,7 +98,7 @@ class LLMEngine:
         n = len(prompt_ids)
         if n == 0:
             raise ValueError("empty prompt: a request needs at least one token")
-        if self.vocab_size is not None and any(t < 0 or t >= self.vocab_size for t in prompt_ids):
+        if self.vocab_size is not None and n and (min(prompt_ids) < 0 or max(prompt_ids) >= self.vocab_size):
             bad = next(t for t in prompt_ids if t < 0 or t >= self.vocab_size)
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         if n >= self.max_model_len:
@@ -125,7 +128,8 @@ class LLMEngine:
                       eos_token_ids=self.eos_token_ids, priority=priority, tenant=tenant, prompt=text)
         self.requests[request_id] = req
         self.scheduler.add(req)
-        self._emit("arrival", req, prompt_len=req.num_prompt_tokens, priority=priority, tenant=tenant)
+        self._emit("arrival", req, at=req.arrival_time, prompt_len=req.num_prompt_tokens, priority=priority,
+                   tenant=tenant)
         return request_id
 
     def abort_request(self, request_id: str) -> bool:
@@ -235,7 +239,8 @@ class LLMEngine:
         req.finish_time = req.arrival_time
         self.num_rejected += 1
         self.finished.append(req)
-        self._emit("reject", req, error=error)
+        self._emit("arrival", req, at=req.arrival_time, prompt_len=req.num_prompt_tokens)
+        self._emit("reject", req, at=req.arrival_time, error=error)
         return req
 
     def output(self, request_id: str) -> RequestOutput:

@@ -200,13 +200,16 @@ def run(workload, config: EngineConfig | None = None, clock: str = "virtual", *,
             break
     if bar is not None:
         bar.close()
+    for rid in ids:                  # a stopped run aborts what is in flight: nothing is lost
+        if not engine.requests[rid].is_finished:
+            engine.abort_request(rid)
     records = [RequestRecord.of(engine.requests[i], keep_tokens=keep_tokens) for i in ids]
     if not clk.virtual:
         for r in records:      # report wall-clock runs relative to the run's start
             _shift(r, -t0)
     cfg = {k: v for k, v in vars(config).items() if k != "extra"}
     return RunResult(records, list(engine.steps), cfg, reconfigs, engine.kv.num_blocks,
-                     time.perf_counter() - wall0)
+                     time.perf_counter() - wall0, extra={"not_submitted": len(arrivals.pending)})
 
 
 def _shift(r: RequestRecord, dt: float) -> None:

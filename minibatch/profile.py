@@ -1,0 +1,111 @@
+"""``python -m minibatch profile``: time real engine steps and fit a cost model to them.
+
+The profiler runs a set of varied workloads (request rates, prompt and output
+lengths, batch limits) through the real engine under the virtual clock, records every
+step's composition (prefill chunks ``(new, context)`` and decode context lengths) and
+its measured duration, and fits a :class:`~minibatch.sim.FittedCostModel`. The
+simulator then replays other workloads with ``hardware="profile:FILE"``.
+
+    python -m minibatch profile --model tiny --out profiles/tiny-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from minibatch.executor import StepOutput
+
+
+class RecordingExecutor:
+    """Wraps an executor; keeps ``{"prefill", "decode", "time_s"}`` for every step."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.samples: list[dict] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def execute(self, batch, kv) -> StepOutput:
+        prefill, decode = [], []
+        for req, n in batch.items:
+            ctx = req.num_computed_tokens + n
+            (decode.append(ctx) if n == 1 else prefill.append((n, ctx)))
+        out = self.inner.execute(batch, kv)
+        self.samples.append({"prefill": prefill, "decode": decode, "time_s": out.duration})
+        return out
+
+
+def training_workloads(scale: float = 1.0):
+    """Varied workloads that exercise prefill-heavy, decode-heavy and mixed steps."""
+    from minibatch.workload import fixed, lognormal, synthetic, uniform
+
+    n = max(4, int(24 * scale))
+    return [
+        ("decode-heavy", dict(max_num_seqs=64), synthetic(n, float("inf"), input_len=uniform(8, 64),
+                                                          output_len=fixed(48), seed=11)),
+        ("prefill-heavy", dict(max_num_seqs=16, max_num_batched_tokens=512),
+         synthetic(n, float("inf"), input_len=uniform(100, 600), output_len=fixed(4), seed=12)),
+        ("mixed", dict(max_num_seqs=32, max_num_batched_tokens=256),
+         synthetic(n, 20.0, input_len=uniform(16, 300), output_len=lognormal(median=24, sigma=0.8, max=120),
+                   seed=13)),
+        ("small-batches", dict(max_num_seqs=4), synthetic(max(4, n // 2), 5.0, input_len=uniform(16, 200),
+                                                          output_len=fixed(16), seed=14)),
+    ]
+
+
+def profile_engine(model: str = "tiny", scale: float = 1.0, repeats: int = 1, **engine_kwargs) -> tuple[list, dict]:
+    """Run the training workloads on the real engine; return (samples, metadata)."""
+    from minibatch.config import EngineConfig
+    from minibatch.engine import LLMEngine
+    from minibatch.executor import ModelExecutor
+    from minibatch.runner import run
+
+    base = EngineConfig.from_kwargs(model=model, **engine_kwargs)
+    executor = RecordingExecutor(ModelExecutor(base))
+    samples: list[dict] = []
+    for _ in range(repeats):
+        for _name, kw, wl in training_workloads(scale):
+            cfg = EngineConfig.from_kwargs(**{**{k: v for k, v in vars(base).items() if k != "extra"}, **kw})
+            engine = LLMEngine(cfg, clock="virtual", executor=executor)
+            executor.samples = []
+            run(wl, engine=engine)
+            samples.extend(executor.samples)
+    meta = {"model": model, "device": str(executor.inner.device), "dtype": str(executor.inner.dtype),
+            "kv_capacity_tokens": executor.inner.num_kv_blocks * base.block_size,
+            "block_size": base.block_size}
+    return samples, meta
+
+
+def fit_profile(samples, meta):
+    from minibatch.sim import FittedCostModel
+
+    return FittedCostModel.fit(samples, metadata=meta)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="minibatch profile", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--out", required=True, help="where to write the fitted model (JSON)")
+    ap.add_argument("--scale", type=float, default=1.0, help="workload size multiplier")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--samples-out", default=None, help="also write the raw samples (JSON)")
+    args = ap.parse_args(argv)
+    t = time.perf_counter()
+    samples, meta = profile_engine(args.model, args.scale, args.repeats)
+    model = fit_profile(samples, meta)
+    model.save(args.out)
+    if args.samples_out:
+        with open(args.samples_out, "w") as f:
+            json.dump(samples, f)
+    print(model.describe())
+    print(f"{len(samples)} steps profiled in {time.perf_counter() - t:.1f} s; written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
