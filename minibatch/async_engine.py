@@ -170,6 +170,10 @@ class AsyncEngine:
         """Abort a request (e.g. its client went away); its KV blocks are freed at once."""
         self._submit(("abort", request_id))
 
+    def abort_all(self) -> None:
+        """Abort every request in flight (at a shutdown deadline); each stream ends cleanly."""
+        self._submit(("abort_all",))
+
     @property
     def is_alive(self) -> bool:
         return self._thread.is_alive()
@@ -240,6 +244,10 @@ class AsyncEngine:
         engine = self.engine
         if cmd[0] == "abort":
             engine.abort_request(cmd[1])
+            return
+        if cmd[0] == "abort_all":
+            for rid in list(self._tracks):
+                engine.abort_request(rid)
             return
         _, prompt, params, stream, fut = cmd
         if not fut.set_running_or_notify_cancel():

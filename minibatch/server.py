@@ -14,7 +14,8 @@ Flow control: at most ``--max-concurrent-requests`` generations are in flight; t
 one gets 429 at once instead of waiting in an unbounded queue. A client that disconnects
 is aborted and its KV blocks are freed. On SIGTERM (or Ctrl-C) the server stops
 accepting connections, lets in-flight requests finish for up to
-``--graceful-shutdown-timeout`` seconds, aborts the rest, and exits 0.
+``--graceful-shutdown-timeout`` seconds, then aborts the rest (their streams end with
+``finish_reason: "abort"`` and ``[DONE]``), and exits 0.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from minibatch.openai_protocol import APIError, GenerationRequest, chunk, parse_
 from minibatch.serving_metrics import ServingMetrics
 
 DISCONNECT_POLL_S = 0.5    # how often a non-streaming request checks that its client is still there
+HARD_SHUTDOWN_MARGIN_S = 5.0   # after the graceful timeout and the aborts, uvicorn cuts what is left
 
 
 class ServerState:
@@ -196,11 +198,17 @@ def _make_server(app, host: str, port: int, state: ServerState, graceful_timeout
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn, but a signal marks the app as draining and the process then exits 0
-        (plain uvicorn re-raises the signal after its graceful shutdown)."""
+        """uvicorn, but a signal marks the app as draining, requests still running after
+        ``graceful_timeout`` are aborted (so their streams end cleanly, with
+        ``finish_reason: "abort"``), and the process then exits 0 (plain uvicorn re-raises
+        the signal after its graceful shutdown)."""
 
         def handle_exit(self, sig, frame):
-            state.draining = True
+            if not state.draining:
+                state.draining = True
+                timer = threading.Timer(graceful_timeout, state.engine.abort_all)
+                timer.daemon = True
+                timer.start()
             super().handle_exit(sig, frame)
 
         @contextlib.contextmanager
@@ -216,7 +224,8 @@ def _make_server(app, host: str, port: int, state: ServerState, graceful_timeout
                     signal.signal(s, handler)
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=graceful_timeout, timeout_keep_alive=5)
+                            timeout_graceful_shutdown=graceful_timeout + HARD_SHUTDOWN_MARGIN_S,
+                            timeout_keep_alive=5)
     return Server(config)
 
 

@@ -22,6 +22,7 @@ openai = pytest.importorskip("openai")
 
 API_KEY = "sk-minibatch-test"
 MAX_CONCURRENT = 40
+GRACE_S = 3
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROMPTS = [f"{s} {i}" for i, s in enumerate(
     ["Once upon a time", "The little cat", "今天天气很好", "Tom found a box", "小明和他的狗",
@@ -31,7 +32,8 @@ PROMPTS = [f"{s} {i}" for i, s in enumerate(
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = ServerProcess(tmp_path_factory.mktemp("server") / "server.log", "--api-key", API_KEY,
-                        "--max-concurrent-requests", str(MAX_CONCURRENT), "--max-num-seqs", "32")
+                        "--max-concurrent-requests", str(MAX_CONCURRENT), "--max-num-seqs", "32",
+                        "--graceful-shutdown-timeout", str(GRACE_S))
     yield srv
     srv.stop()
 
@@ -52,12 +54,12 @@ def post(server, path: str, body, headers=AUTH, **kw) -> httpx.Response:
 
 
 def test_completion(client):
-    out = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=8, temperature=0)
+    out = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=8, temperature=0,
+                                    extra_body={"ignore_eos": True})
     choice = out.choices[0]
     assert out.object == "text_completion" and out.id.startswith("cmpl-")
-    assert isinstance(choice.text, str) and choice.text
-    assert choice.finish_reason in ("length", "stop")
-    assert out.usage.prompt_tokens > 0 and 1 <= out.usage.completion_tokens <= 8
+    assert isinstance(choice.text, str) and choice.finish_reason == "length"
+    assert out.usage.prompt_tokens > 0 and out.usage.completion_tokens == 8
     assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
     assert [m.id for m in client.models.list().data] == ["tiny"]
 
@@ -74,7 +76,7 @@ def test_streamed_chat_equals_unstreamed(client):
     assert text == full.choices[0].message.content and finals == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
     assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
-    assert len([c for c in chunks if c.choices]) >= 3          # streamed, not one blob
+    assert len([c for c in chunks if c.choices]) >= 3          # streamed, not one blob (one per token)
 
 
 def test_concurrent_streams_match_offline_generate(server):
@@ -97,6 +99,22 @@ def test_concurrent_streams_match_offline_generate(server):
     offline = LLM("tiny").generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
     assert [n for _, n in served] == [16] * len(PROMPTS)
     assert [t for t, _ in served] == [o.outputs[0].text for o in offline]
+
+
+def test_stop_string_streamed_equals_offline(client):
+    llm = LLM("tiny")
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    texts = [o.outputs[0].text for o in llm.generate(PROMPTS[:8], greedy)]
+    prompt, text = next(((p, t) for p, t in zip(PROMPTS, texts) if len(t) >= 8), (None, None))
+    if prompt is None:
+        pytest.skip("the tiny model's greedy texts are too short to cut")
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    want = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True,
+                                                 stop=[stop]))[0].outputs[0]
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0,
+                                            stop=[stop], stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks) == want.text and stop not in want.text
+    assert chunks[-1].choices[0].finish_reason == "stop"
 
 
 BAD_INPUTS = [  # (path, body, status, words in the message)
@@ -204,27 +222,40 @@ def test_api_key(server):
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
 
 
-def test_sigterm_finishes_in_flight_requests_and_exits_0(server):
-    """Last test: it shuts the module's server down."""
-    body = {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
-    started, events = threading.Event(), []
+def test_sigterm_finishes_or_aborts_in_flight_requests_and_exits_0(server):
+    """Last test: it shuts the module's server down. A short request finishes; one too long
+    for the grace period is aborted at its end; both streams end cleanly; exit code 0."""
+    events = {16: [], 1000: []}
+    started = threading.Barrier(3)
 
-    def reader():
+    def reader(max_tokens):
+        body = {"prompt": [5, 6, 7], "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
         with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=60) as r:
             for line in r.iter_lines():
                 if line.startswith("data:"):
-                    events.append(line)
-                    started.set()
+                    if not events[max_tokens]:
+                        started.wait(30)
+                    events[max_tokens].append(line)
 
-    t = threading.Thread(target=reader)
-    t.start()
-    assert started.wait(30)
+    threads = [threading.Thread(target=reader, args=(n,)) for n in events]
+    for t in threads:
+        t.start()
+    started.wait(30)
+    t0 = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
-    t.join(60)
+    for t in threads:
+        t.join(60)
     assert server.proc.wait(60) == 0, server.log()
-    assert events[-1] == "data: [DONE]"
-    usage = json.loads(events[-2][5:])["usage"]
-    assert usage["completion_tokens"] == 40                 # finished, not cut off
+    for n, lines in events.items():
+        assert lines[-1] == "data: [DONE]"
+        reason = next(json.loads(x[5:])["choices"][0]["finish_reason"] for x in reversed(lines)
+                      if '"finish_reason":"' in x)
+        usage = json.loads(lines[-2][5:])["usage"]
+        if n == 16:
+            assert reason == "length" and usage["completion_tokens"] == 16      # finished, not cut off
+        else:
+            assert reason in ("abort", "length") and time.monotonic() - t0 < GRACE_S + 5
+            assert reason == "length" or usage["completion_tokens"] < n
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.url}/health", timeout=2)
