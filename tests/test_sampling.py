@@ -65,12 +65,13 @@ def test_eos_stops_unless_ignored(checkpoints):
 
 def test_stop_string_truncates_text():
     llm = LLM("tiny", max_num_seqs=4)
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    # A seeded draw is reproducible, so the second run follows the first until the stop.
+    params = SamplingParams(temperature=1.0, seed=1234, max_tokens=24, ignore_eos=True)
     full = llm.generate(["Once upon a time"], params)[0].outputs[0]
     assert len(full.text) > 6
     stop = full.text[len(full.text) // 2:len(full.text) // 2 + 3]
-    cut = llm.generate(["Once upon a time"], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True,
-                                                         stop=[stop]))[0].outputs[0]
+    cut = llm.generate(["Once upon a time"], SamplingParams(temperature=1.0, seed=1234, max_tokens=24,
+                                                         ignore_eos=True, stop=[stop]))[0].outputs[0]
     assert cut.finish_reason == "stop" and cut.stop_reason == stop
     assert stop not in cut.text and full.text.startswith(cut.text)
     assert cut.text == full.text[:full.text.find(stop)]
