@@ -1,0 +1,51 @@
+"""Chapter notebooks: in sync with their sources, stored with outputs, well-formed.
+
+The notebooks themselves are executed top to bottom by nbval (``pytest --nbval-lax
+chapters/``, part of the test command); these checks guard what nbval does not.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = ROOT / "chapters"
+SOURCES = sorted((CHAPTERS / "src").glob("[0-9][0-9]_*.py"))
+
+
+def _builder():
+    spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "tools" / "build_notebooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=[s.stem for s in SOURCES])
+def test_notebook_matches_its_source_and_has_outputs(src):
+    nb_path = CHAPTERS / (src.stem + ".ipynb")
+    assert nb_path.exists(), f"{nb_path.name} not built: run tools/build_notebooks.py {src.stem[:2]}"
+    nb = json.loads(nb_path.read_text(encoding="utf-8"))
+    built = _builder().parse(src.read_text(encoding="utf-8"))
+    stored = [(c["cell_type"], "".join(c["source"])) for c in nb["cells"]]
+    assert stored == [(c.cell_type, c.source) for c in built], f"{nb_path.name} is out of date with {src.name}"
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert code and all(c.get("execution_count") for c in code), "stored without (complete) execution"
+    assert any(o.get("data", {}).get("image/png") for c in code for o in c.get("outputs", [])), "no figure"
+    assert not any("image/svg+xml" in o.get("data", {}) for c in code for o in c.get("outputs", []))
+    assert not any(o.get("output_type") == "error" for c in code for o in c.get("outputs", []))
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=[s.stem for s in SOURCES])
+def test_chapter_structure_and_language(src):
+    text = src.read_text(encoding="utf-8")
+    md = "\n".join(l for l in text.split("\n") if l.startswith("# "))
+    for heading in ("学习目标", "小结", "练习"):
+        assert heading in md, f"{src.name} lacks a {heading} section"
+    assert len(re.findall(r"[\u4e00-\u9fff]", md)) > 500, "chapter prose should be in Simplified Chinese"
+    assert "sys.path" not in text, "notebooks import the package, no sys.path tricks"
+    assert "import minibatch" in text or "from minibatch" in text
