@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 PREEMPTION_MODES = ("recompute", "swap")
 KV_ALLOCATORS = ("paged", "contiguous")
 EXECUTORS = ("model", "sim")
+ADMISSION_MODES = ("max_utilization", "guaranteed_no_evict", "conservative")
 
 
 @dataclass
@@ -79,6 +80,15 @@ class EngineConfig:
             raise ValueError(f"unknown preemption_mode {self.preemption_mode!r}; expected one of {PREEMPTION_MODES}")
         if self.kv_allocator not in KV_ALLOCATORS:
             raise ValueError(f"unknown kv_allocator {self.kv_allocator!r}; expected one of {KV_ALLOCATORS}")
+        if self.kv_allocator == "contiguous" and self.enable_prefix_caching:
+            raise ValueError("enable_prefix_caching needs kv_allocator='paged' (a contiguous reservation "
+                             "cannot share blocks)")
+        if self.admission not in ADMISSION_MODES:
+            raise ValueError(f"unknown admission {self.admission!r}; expected one of {ADMISSION_MODES}")
+        if self.swap_space_blocks is not None and (not isinstance(self.swap_space_blocks, int)
+                                                   or isinstance(self.swap_space_blocks, bool)
+                                                   or self.swap_space_blocks < 0):
+            raise ValueError(f"swap_space_blocks must be an integer >= 0, got {self.swap_space_blocks!r}")
         if self.executor not in EXECUTORS:
             raise ValueError(f"unknown executor {self.executor!r}; expected one of {EXECUTORS}")
         if self.max_wait_ms < 0:

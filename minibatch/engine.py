@@ -38,8 +38,13 @@ class LLMEngine:
         if path is not None:
             self.tokenizer = load_tokenizer(path)
         self.vocab_size = mc.vocab_size if mc is not None else None
-        self.kv = KVCacheManager(executor.num_kv_blocks, self.config.block_size, self.config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.config, self.kv)
+        self.kv = KVCacheManager(executor.num_kv_blocks, self.config.block_size, self.config.enable_prefix_caching,
+                                 allocator=self.config.kv_allocator, max_model_len=self.max_model_len)
+        self.scheduler = Scheduler(self.config, self.kv, max_model_len=self.max_model_len)
+        if self.config.preemption_mode == "swap":
+            from minibatch.swap import Swapper
+            capacity = self.config.swap_space_blocks
+            self.scheduler.swapper = Swapper(self.kv, executor, self.kv.num_blocks if capacity is None else capacity)
         self.requests: dict[str, Request] = {}
         self.finished: list[Request] = []
         self.steps: list[StepRecord] = []
@@ -48,6 +53,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self._listeners: list[Callable] = []
         self.num_rejected = 0
+        self._swap_recorded = (0, 0)    # swap counters at the last StepRecord
 
     def _make_executor(self):
         if self.config.executor == "model":
@@ -108,7 +114,7 @@ class LLMEngine:
             raise ValueError(f"prompt of {n} tokens exceeds max_num_batched_tokens="
                              f"{self.config.max_num_batched_tokens} and chunked prefill is off")
         need = min(n + params.max_tokens, self.max_model_len)
-        blocks = self.kv.blocks_for(need)
+        blocks = self.kv.blocks_for_request(need)
         if blocks > self.kv.num_blocks:
             raise ValueError(f"request needs {blocks} KV blocks ({need} tokens) but the whole cache has "
                              f"only {self.kv.num_blocks}; it can never be served")
@@ -159,14 +165,18 @@ class LLMEngine:
             self._emit("preempt", req)
         if not batch:
             return []
+        policy = self.scheduler.policy
+        num_padded = policy.num_padded_slots
         num_decode_seqs = batch.num_decode_tokens
         num_prefill_tokens = batch.num_prefill_tokens
         for req, n in batch.items:
             if req.policy_state.get("_scheduled_once") is None:
                 req.policy_state["_scheduled_once"] = True
                 self._emit("schedule", req)
+        swapper = self.scheduler.swapper
+        swap_time = swapper.take_time() if swapper is not None else 0.0
         out = self.executor.execute(batch, self.kv)
-        self.clock.advance(out.duration)
+        self.clock.advance(out.duration + swap_time)
         now = self.clock.now()
         for req, n in batch.items:
             req.num_computed_tokens += n
@@ -175,7 +185,10 @@ class LLMEngine:
         for req, token in out.sampled:
             self._append_token(req, token, now)
             touched.append(req)
-        self.scheduler.policy.on_step(batch.items, now)
+        policy.on_step(batch.items, now)
+        reserved, internal = self.kv.waste_slots(self.scheduler.running)
+        slots = self.kv.num_blocks * self.kv.block_size
+        swapped_out, swapped_in = self._swap_counts_since_last_record()
         self.steps.append(StepRecord(
             step=len(self.steps), start_time=start, duration=now - start, forward_time=out.forward_time,
             num_seqs=batch.num_seqs,
@@ -183,8 +196,18 @@ class LLMEngine:
             num_prefill_tokens=num_prefill_tokens, num_decode_tokens=num_decode_seqs,
             num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running),
             num_preempted=len(batch.preempted), kv_blocks_used=self.kv.num_used_blocks,
-            kv_blocks_total=self.kv.num_blocks))
+            kv_blocks_total=self.kv.num_blocks, policy=policy.name, num_padded_slots=num_padded,
+            num_swapped_out_blocks=swapped_out, num_swapped_in_blocks=swapped_in,
+            kv_reserved_unused=reserved / slots, kv_internal_waste=internal / slots))
         return touched
+
+    def _swap_counts_since_last_record(self) -> tuple[int, int]:
+        swapper = self.scheduler.swapper
+        if swapper is None:
+            return 0, 0
+        last_out, last_in = self._swap_recorded
+        self._swap_recorded = (swapper.num_swapped_out, swapper.num_swapped_in)
+        return swapper.num_swapped_out - last_out, swapper.num_swapped_in - last_in
 
     def _append_token(self, req: Request, token: int, now: float) -> None:
         req.output_token_ids.append(token)

@@ -10,14 +10,32 @@ request owns, as vLLM's block manager does (Kwon et al., *PagedAttention*, SOSP'
 * with prefix caching, every *full* block is identified by a hash chained over all the
   tokens before it, ``h_i = hash(h_{i-1}, tokens of block i)``, so two requests with the
   same first ``k * block_size`` tokens share their first ``k`` blocks (reference
-  counted); unreferenced cached blocks stay reusable until evicted in LRU order.
+  counted); unreferenced cached blocks stay reusable until evicted in LRU order. A
+  radix tree (``minibatch.radix``) mirrors the same cached blocks for the ``lpm``
+  policy, which asks how much of a waiting request is cached.
+
+Two allocators, for chapter 6's fragmentation measurements:
+
+* ``paged`` (default): blocks on demand, anywhere in the pool;
+* ``contiguous``: at admission a request reserves ``max_model_len`` tokens (rounded up
+  to blocks) as one run of consecutive blocks, as pre-paging systems (FasterTransformer,
+  Orca) reserved a contiguous KV buffer for the longest possible sequence.
+
+:meth:`KVCacheManager.waste_slots` measures both kinds of waste: *reserved-but-unused*
+slots (whole blocks held beyond a request's last token: the contiguous allocator's
+reservation) and *internal* (last-block) waste (empty slots in the last, partly filled
+block: at most ``block_size - 1`` per request, the paged allocator's only waste).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
+from minibatch.radix import RadixTree
 from minibatch.request import Request
+
+KV_ALLOCATORS = ("paged", "contiguous")
 
 
 class Block:
@@ -33,33 +51,70 @@ class BlockPool:
     """All blocks, a free queue in eviction (LRU) order, and the prefix-cache index.
 
     A free block may still hold a cached prefix (``block_hash`` set): it is reused as is
-    by a later hit, or evicted (its hash dropped) when the queue hands it out.
+    by a later hit, or evicted (its hash dropped) when the queue hands it out. With a
+    ``radix`` tree, every cached block is also a node of the tree, and evicting a block
+    drops it and the blocks cached below it from both indexes.
     """
 
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, radix: RadixTree | None = None):
         self.num_blocks = num_blocks
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[int, int] = {}          # block hash -> block id
+        self.radix = radix
         self.num_evictions = 0
 
     @property
     def num_free_blocks(self) -> int:
         return len(self.free_queue)
 
+    def _take(self, block_id: int) -> None:
+        """Hand out a free block: it leaves the free queue, its cached prefix is evicted."""
+        del self.free_queue[block_id]
+        block = self.blocks[block_id]
+        if block.block_hash is not None:
+            self.num_evictions += 1
+            self._uncache(block_id)
+            if self.radix is not None:
+                for below in self.radix.remove(block_id)[1:]:
+                    self._uncache(below)
+        block.ref_cnt = 1
+
+    def _uncache(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.block_hash is not None:
+            del self.cached[block.block_hash]
+            block.block_hash = None
+
     def allocate(self, n: int) -> list[int]:
+        """``n`` blocks from the front of the free queue (least recently used first)."""
         if n > len(self.free_queue):
             raise RuntimeError(f"asked for {n} KV blocks, only {len(self.free_queue)} free")
-        out = []
-        for _ in range(n):
-            block_id, _ = self.free_queue.popitem(last=False)
-            block = self.blocks[block_id]
-            if block.block_hash is not None:          # evict the cached prefix it held
-                del self.cached[block.block_hash]
-                block.block_hash = None
-                self.num_evictions += 1
-            block.ref_cnt = 1
-            out.append(block_id)
+        out = list(itertools.islice(self.free_queue, n))
+        for block_id in out:
+            self._take(block_id)
+        return out
+
+    def find_contiguous(self, n: int) -> int | None:
+        """First block id of the lowest run of ``n`` consecutive free blocks (first fit)."""
+        run_start, run_len = 0, 0
+        for block_id in sorted(self.free_queue):
+            if run_len and block_id == run_start + run_len:
+                run_len += 1
+            else:
+                run_start, run_len = block_id, 1
+            if run_len == n:
+                return run_start
+        return None
+
+    def allocate_contiguous(self, n: int) -> list[int] | None:
+        """``n`` consecutive blocks (first fit), or None if no free run is long enough."""
+        start = self.find_contiguous(n)
+        if start is None:
+            return None
+        out = list(range(start, start + n))
+        for block_id in out:
+            self._take(block_id)
         return out
 
     def touch(self, block_ids: list[int]) -> None:
@@ -82,11 +137,21 @@ class BlockPool:
     def lookup(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)
 
-    def register(self, block_id: int, block_hash: int) -> None:
+    def register(self, block_id: int, block_hash: int, parent_hash: int | None = None,
+                 tokens: tuple | None = None) -> bool:
+        """Cache ``block_id`` under ``block_hash``; False if that prefix is cached already
+        (by another block), or its parent prefix is not cached (it could never be hit)."""
         block = self.blocks[block_id]
-        if block.block_hash is None and block_hash not in self.cached:
-            block.block_hash = block_hash
-            self.cached[block_hash] = block_id
+        if block.block_hash is not None or block_hash in self.cached:
+            return False
+        if parent_hash is not None and parent_hash not in self.cached:
+            return False
+        block.block_hash = block_hash
+        self.cached[block_hash] = block_id
+        if self.radix is not None:
+            parent = None if parent_hash is None else self.cached[parent_hash]
+            self.radix.add(parent, tokens, block_id)
+        return True
 
 
 def hash_block(parent_hash: int | None, tokens: tuple[int, ...]) -> int:
@@ -97,13 +162,24 @@ def hash_block(parent_hash: int | None, tokens: tuple[int, ...]) -> int:
 class KVCacheManager:
     """Which blocks each request owns; allocation, freeing and prefix-cache hits."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 allocator: str = "paged", max_model_len: int | None = None):
+        if allocator not in KV_ALLOCATORS:
+            raise ValueError(f"unknown kv_allocator {allocator!r}; expected one of {KV_ALLOCATORS}")
+        if allocator == "contiguous":
+            if enable_prefix_caching:
+                raise ValueError("prefix caching needs the paged allocator (kv_allocator='paged')")
+            if max_model_len is None:
+                raise ValueError("the contiguous allocator needs max_model_len")
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks)
+        self.allocator = allocator
+        self.max_model_len = max_model_len
+        self.radix = RadixTree(block_size) if enable_prefix_caching else None
+        self.pool = BlockPool(num_blocks, self.radix)
         self.enable_prefix_caching = enable_prefix_caching
         self.req_blocks: dict[str, list[int]] = {}
         self.req_hashes: dict[str, list[int]] = {}   # hashes of the request's full, computed blocks
-        # Counters for the metrics.
+        # Counters for the metrics (counted once per request, at its first admission).
         self.prefix_queries = 0
         self.prefix_hits = 0
 
@@ -126,6 +202,13 @@ class KVCacheManager:
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def blocks_for_request(self, num_tokens: int) -> int:
+        """Blocks a request of ``num_tokens`` tokens holds at most: ``ceil(n / block_size)``
+        paged, ``ceil(max_model_len / block_size)`` contiguous (its whole reservation)."""
+        if self.allocator == "contiguous":
+            return self.blocks_for(self.max_model_len)
+        return self.blocks_for(num_tokens)
 
     def block_table(self, request_id: str) -> list[int]:
         return self.req_blocks.get(request_id, [])
@@ -150,9 +233,14 @@ class KVCacheManager:
             if block_id is None:
                 break
             hits.append(block_id)
-        self.prefix_queries += req.num_tokens
-        self.prefix_hits += len(hits) * bs
         return hits, len(hits) * bs
+
+    def cached_prefix_len(self, req: Request) -> int:
+        """Tokens of ``req`` a prefix hit would serve now, from the radix tree (for ``lpm``)."""
+        if self.radix is None:
+            return 0
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        return len(self.radix.match_prefix(req.all_token_ids, max_blocks)) * self.block_size
 
     def cache_full_blocks(self, req: Request) -> None:
         """Register the request's newly completed blocks in the prefix cache."""
@@ -168,31 +256,41 @@ class KVCacheManager:
             if tokens is None:
                 tokens = req.all_token_ids
             parent = hashes[-1] if hashes else None
-            h = hash_block(parent, tuple(tokens[i * bs:(i + 1) * bs]))
+            chunk = tuple(tokens[i * bs:(i + 1) * bs])
+            h = hash_block(parent, chunk)
             hashes.append(h)
-            self.pool.register(blocks[i], h)
+            self.pool.register(blocks[i], h, parent, chunk)
 
     # -- allocation --------------------------------------------------------------
     def can_allocate(self, req: Request, num_new_tokens: int, num_computed_blocks: int = 0,
                      reserve_tokens: int = 0) -> bool:
         have = len(self.req_blocks.get(req.request_id, ())) or num_computed_blocks
-        need = self.blocks_for(req.num_computed_tokens + num_new_tokens + reserve_tokens) - have
+        need = self.blocks_for_request(req.num_computed_tokens + num_new_tokens + reserve_tokens) - have
         return need <= self.pool.num_free_blocks
+
+    def num_free_hits(self, computed_blocks: list[int]) -> int:
+        """Cached blocks of a hit that no request holds: taking them shrinks the free queue."""
+        return sum(1 for b in computed_blocks if self.pool.blocks[b].ref_cnt == 0)
 
     def allocate_slots(self, req: Request, num_new_tokens: int,
                        computed_blocks: list[int] | None = None) -> bool:
         """Make room for ``num_new_tokens`` more tokens of ``req``; False if the pool is short.
 
         ``computed_blocks`` (a prefix hit, on a request's first allocation) are shared,
-        not copied: they only gain a reference.
+        not copied: they only gain a reference. The contiguous allocator reserves the
+        request's whole ``max_model_len`` on its first allocation, so it never grows.
         """
         blocks = self.req_blocks.get(req.request_id)
         if blocks is None:
+            if self.allocator == "contiguous":
+                run = self.pool.allocate_contiguous(self.blocks_for(self.max_model_len))
+                if run is None:
+                    return False
+                self.req_blocks[req.request_id] = run
+                return True
             computed_blocks = computed_blocks or []
-            # Cached blocks with no owner sit in the free queue; taking them shrinks it.
-            free_hits = sum(1 for b in computed_blocks if self.pool.blocks[b].ref_cnt == 0)
             need = self.blocks_for(req.num_computed_tokens + num_new_tokens) - len(computed_blocks)
-            if need + free_hits > self.pool.num_free_blocks:
+            if need + self.num_free_hits(computed_blocks) > self.pool.num_free_blocks:
                 return False
             self.pool.touch(computed_blocks)
             blocks = self.req_blocks[req.request_id] = list(computed_blocks)
@@ -219,8 +317,28 @@ class KVCacheManager:
         if blocks:
             self.pool.release(list(reversed(blocks)))
 
+    # -- statistics ----------------------------------------------------------------
+    def waste_slots(self, requests) -> tuple[int, int]:
+        """``(reserved_unused, internal)`` empty slots over ``requests`` (those holding blocks).
+
+        For a request with ``c`` computed tokens holding ``k`` blocks of size ``B``:
+        reserved-but-unused = ``(k - ceil(c / B)) * B``; internal (last-block) waste =
+        ``ceil(c / B) * B - c``. Shared prefix blocks are full, so nothing counts twice.
+        """
+        bs = self.block_size
+        reserved = internal = 0
+        for req in requests:
+            k = len(self.req_blocks.get(req.request_id, ()))
+            if not k:
+                continue
+            filled = min(k, self.blocks_for(req.num_computed_tokens))
+            reserved += (k - filled) * bs
+            internal += filled * bs - min(req.num_computed_tokens, filled * bs)
+        return reserved, internal
+
     def check_invariants(self) -> None:
-        """free + used = total; every reference is held by exactly one table entry."""
+        """free + used = total; every reference is held by exactly one table entry;
+        the radix tree indexes exactly the cached blocks."""
         counts = [0] * self.pool.num_blocks
         for blocks in self.req_blocks.values():
             for b in blocks:
@@ -233,3 +351,9 @@ class KVCacheManager:
             assert len(set(blocks)) == len(blocks), "a request holds the same block twice"
         used = sum(1 for c in counts if c > 0)
         assert used + self.pool.num_free_blocks == self.pool.num_blocks
+        for h, b in self.pool.cached.items():
+            assert self.pool.blocks[b].block_hash == h
+        if self.radix is not None:
+            self.radix.check()
+            assert set(self.radix._where) == set(self.pool.cached.values()), \
+                "the radix tree and the hash index disagree on the cached blocks"

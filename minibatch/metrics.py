@@ -7,7 +7,13 @@ from dataclasses import dataclass
 
 @dataclass
 class StepRecord:
-    """One engine step: when it ran, what it computed, and the KV cache after it."""
+    """One engine step: when it ran, what it computed, and the KV cache after it.
+
+    Padding (request-level batching, ``static``/``dynamic``): a batch keeps the slots of
+    its finished members until its last member finishes; ``num_padded_slots`` counts
+    those idle slots in this step. KV waste fractions are measured after the step over
+    the running requests (see ``KVCacheManager.waste_slots``).
+    """
 
     step: int
     start_time: float
@@ -23,6 +29,12 @@ class StepRecord:
     num_preempted: int
     kv_blocks_used: int
     kv_blocks_total: int
+    policy: str = ""                  # the scheduling policy that made this step
+    num_padded_slots: int = 0         # slots held by finished members of a request-level batch
+    num_swapped_out_blocks: int = 0   # KV blocks copied device -> host (swap preemption)
+    num_swapped_in_blocks: int = 0    # KV blocks copied host -> device (resume)
+    kv_reserved_unused: float = 0.0   # whole blocks held beyond requests' last tokens / pool slots
+    kv_internal_waste: float = 0.0    # empty slots in requests' last, partly filled blocks / pool slots
 
     @property
     def kv_usage(self) -> float:

@@ -4,7 +4,16 @@ For a request with arrival ``a``, first token at ``f``, token times ``t_1..t_n``
 finish ``e``: TTFT = f - a; E2E = e - a; TPOT = (t_n - t_1) / (n - 1) (the first
 token excluded); ITL = every gap t_{i+1} - t_i; queue delay = first scheduled - a.
 Throughput counts output tokens over the run's duration (first arrival to last
-finish). Goodput counts, per second, the requests that meet every bound of an SLO such
+finish).
+
+Engine-side keys, from the step timeline: ``num_preemptions`` (recompute + swap),
+``num_swapped_blocks`` (KV blocks copied to host), ``padding_waste`` (request-level
+batching: padded slot-steps / (padded + computing slot-steps); 0 for iteration-level
+policies), ``kv_reserved_unused_mean`` and ``kv_internal_waste_mean`` (fractions of the
+pool's slots: whole blocks reserved beyond requests' last tokens, and empty slots in
+last blocks; time-weighted over steps), ``prefix_cache_hit_rate`` (prompt tokens served
+from the prefix cache at each request's first admission / prompt tokens of admitted
+requests). Goodput counts, per second, the requests that meet every bound of an SLO such
 as ``{"ttft": 0.8, "tpot": 0.05}`` (seconds).
 """
 
@@ -160,15 +169,26 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord] | None = Non
     out["prefix_cache_hit_rate"] = (sum(r.prefix_hit_tokens for r in records) / prompt_total
                                     if prompt_total else 0.0)
     out["num_preemptions"] = sum(r.num_preemptions for r in records)
+    out["num_swapped_blocks"] = sum(s.num_swapped_out_blocks for s in steps)
     if steps:
         w = np.asarray([s.duration for s in steps], dtype=float)
-        u = np.asarray([s.kv_usage for s in steps], dtype=float)
-        out["kv_util_mean"] = float((w * u).sum() / w.sum()) if w.sum() > 0 else float(u.mean())
-        out["kv_util_max"] = float(u.max())
+
+        def time_mean(values) -> float:
+            v = np.asarray(values, dtype=float)
+            return float((w * v).sum() / w.sum()) if w.sum() > 0 else float(v.mean())
+
+        u = [s.kv_usage for s in steps]
+        out["kv_util_mean"] = time_mean(u)
+        out["kv_util_max"] = float(max(u))
+        out["kv_reserved_unused_mean"] = time_mean([s.kv_reserved_unused for s in steps])
+        out["kv_internal_waste_mean"] = time_mean([s.kv_internal_waste for s in steps])
         out["num_steps"] = len(steps)
         out["mean_batch_size"] = float(np.mean([s.num_seqs for s in steps]))
+        padded = sum(s.num_padded_slots for s in steps)
+        out["padding_waste"] = padded / (padded + sum(s.num_seqs for s in steps))
     else:
         out["kv_util_mean"] = out["kv_util_max"] = 0.0
+        out["kv_reserved_unused_mean"] = out["kv_internal_waste_mean"] = out["padding_waste"] = 0.0
     return out
 
 

@@ -7,7 +7,15 @@ prefill, all tokens again after a recompute preemption); with chunked prefill a 
 prompt takes what is left of the budget and continues next step. The KV blocks for
 those tokens are allocated now; when the pool is short, running requests at the end
 of the order are preempted (``recompute``: their blocks are freed and they go back to
-the front of the waiting queue; ``swap``: their blocks are copied to CPU first).
+the front of the waiting queue; ``swap``: their blocks are copied to CPU first, see
+``minibatch.swap``).
+
+Victims are taken from the end of the order (running requests the policy left out of
+the order come first: they rank below everything). A *waiting* request may only evict
+running ones if the policy is ``preemptive`` and the admission mode allows it
+(``minibatch.admission``); otherwise, once a waiting request is refused (no blocks, or
+admission control says no), no later waiting request is admitted this step, so the
+policy's order is respected, but running requests later in the order still run.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from minibatch.admission import make_admission
 from minibatch.config import EngineConfig
 from minibatch.kv_cache import KVCacheManager
 from minibatch.policies import Policy, SchedulerState, make_policy
@@ -52,14 +61,27 @@ class ScheduledBatch:
 class Scheduler:
     """Holds the waiting and running queues and builds each step's batch."""
 
-    def __init__(self, config: EngineConfig, kv: KVCacheManager, policy: Policy | None = None):
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, policy: Policy | None = None,
+                 max_model_len: int | None = None):
         self.config = config
         self.kv = kv
-        self.policy = policy or make_policy(config.policy)
+        self.policy = policy or config.policy
+        self.admission = make_admission(config.admission)
+        self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapper = None                  # set by the engine when preemption_mode == "swap"
         self.num_preemptions = 0
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy) -> None:
+        """Switch policies (also mid-run): a name or an instance. The new policy meets
+        requests it has never seen and must cope (see ``minibatch.policies.base``)."""
+        self._policy = make_policy(policy)
 
     # -- queues --------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -72,6 +94,11 @@ class Scheduler:
         c = self.config
         return SchedulerState(now, list(self.running), list(self.waiting), c.max_num_seqs,
                               c.max_num_batched_tokens, c.max_wait_ms / 1000.0, self.kv)
+
+    def final_len(self, req: Request) -> int:
+        """Tokens ``req`` holds at most: ``min(prompt + max_tokens, max_model_len)``."""
+        n = req.num_prompt_tokens + req.sampling_params.max_tokens
+        return n if self.max_model_len is None else min(n, self.max_model_len)
 
     def remove(self, req: Request) -> None:
         """Take a request out of the queues and free its blocks (finish or abort)."""
@@ -87,73 +114,90 @@ class Scheduler:
     # -- one step ------------------------------------------------------------------
     def schedule(self, now: float) -> ScheduledBatch:
         c = self.config
-        order = self.policy.schedule_order(self.state(now))
+        order = self._checked(self.policy.schedule_order(self.state(now)))
         batch = ScheduledBatch()
         budget = c.max_num_batched_tokens
         preempted: set[str] = set()
         scheduled: set[str] = set()
+        admitting = True         # False once a waiting request was refused (non-evicting)
+        evicting = self.policy.preemptive and self.admission.evicts
 
         for pos, req in enumerate(order):
             if budget <= 0 or len(batch.items) >= c.max_num_seqs:
                 break
-            if req.request_id in preempted or req.is_finished:
+            if req.request_id in preempted:
                 continue
-            was_waiting = req.status is not RequestStatus.RUNNING
-            if req.status is RequestStatus.SWAPPED and not self.swapper.can_swap_in(req):
-                if not self.policy.preemptive:
-                    break
+            waiting = req.status is not RequestStatus.RUNNING
+            if waiting and not admitting:
                 continue
             computed_blocks: list[int] = []
-            if was_waiting and req.status is RequestStatus.WAITING:
-                computed_blocks, num_cached = self.kv.get_computed_blocks(req)
-                req.num_computed_tokens = num_cached
+            if req.status is RequestStatus.WAITING:
+                computed_blocks, req.num_computed_tokens = self.kv.get_computed_blocks(req)
             num_new = req.num_tokens - req.num_computed_tokens
             if num_new > budget:
                 if c.enable_chunked_prefill:
                     num_new = budget
                 elif batch.items:
                     # Without chunking a prompt runs whole; it waits for a step with room.
-                    if was_waiting:
-                        self._unadmit(req)
-                        break
+                    if waiting:
+                        admitting = self._refuse(req, evicting)
                     continue
+            if waiting and not self.admission.can_admit(self, req, computed_blocks):
+                admitting = self._refuse(req, evicting)
+                continue
             # KV blocks, preempting from the end of the order when the pool is short.
-            if req.status is RequestStatus.SWAPPED:
-                ok = self.swapper.swap_in(req)
-            else:
-                ok = self.kv.allocate_slots(req, num_new, computed_blocks)
-            while not ok:
-                victim = self._pick_victim(order, pos, preempted, scheduled,
-                                           allow=not was_waiting or self.policy.preemptive)
+            ok = self._allocate(req, num_new, computed_blocks)
+            while not ok and (evicting or not waiting):
+                victim = self._pick_victim(order, pos, preempted, scheduled)
                 if victim is None:
                     break
                 self._preempt(victim, now)
                 preempted.add(victim.request_id)
                 batch.preempted.append(victim)
-                ok = self.kv.allocate_slots(req, num_new, computed_blocks)
+                ok = self._allocate(req, num_new, computed_blocks)
             if not ok:
-                if was_waiting:
-                    self._unadmit(req)
-                    if self.policy.preemptive:
-                        continue
-                    break
+                if waiting:
+                    admitting = self._refuse(req, evicting)
+                    continue
                 # A running request that cannot grow and has nobody left to evict.
                 self._preempt(req, now)
                 preempted.add(req.request_id)
                 batch.preempted.append(req)
                 continue
-            if was_waiting:
+            if waiting:
                 self._admit(req, now)
             batch.items.append((req, num_new))
             scheduled.add(req.request_id)
             budget -= num_new
         self.num_preemptions += len(batch.preempted)
+        if batch.items:
+            self.admission.on_step(self, len(batch.preempted))
         return batch
 
-    def _pick_victim(self, order, pos, preempted, scheduled, allow) -> Request | None:
-        if not allow:
-            return None
-        for victim in reversed(order[pos + 1:]):
+    def _checked(self, order: list[Request]) -> list[Request]:
+        """The policy's order, keeping only queued requests, each once."""
+        queued = {r.request_id for r in self.running}
+        queued.update(r.request_id for r in self.waiting)
+        out, seen = [], set()
+        for req in order:
+            rid = req.request_id
+            if rid in queued and rid not in seen:
+                seen.add(rid)
+                out.append(req)
+        return out
+
+    def _allocate(self, req: Request, num_new: int, computed_blocks: list[int]) -> bool:
+        if req.status is RequestStatus.SWAPPED:
+            return self.swapper.swap_in(req, num_new)
+        return self.kv.allocate_slots(req, num_new, computed_blocks)
+
+    def _pick_victim(self, order, pos, preempted, scheduled) -> Request | None:
+        """The lowest-ranked running request not yet scheduled this step: first those the
+        policy left out of its order, then from the end of the order."""
+        in_order = {r.request_id for r in order}
+        candidates = [r for r in reversed(self.running) if r.request_id not in in_order]
+        candidates += reversed(order[pos + 1:])
+        for victim in candidates:
             if (victim.status is RequestStatus.RUNNING and victim.request_id not in preempted
                     and victim.request_id not in scheduled):
                 return victim
@@ -166,10 +210,15 @@ class Scheduler:
         if req.first_scheduled_time is None:
             req.first_scheduled_time = now
             req.num_cached_tokens = req.num_computed_tokens
+            self.kv.prefix_queries += req.num_prompt_tokens
+            self.kv.prefix_hits += req.num_cached_tokens
 
-    def _unadmit(self, req: Request) -> None:
+    def _refuse(self, req: Request, evicting: bool) -> bool:
+        """A waiting request stays waiting; returns whether later waiting ones may still
+        be admitted this step (only under a preemptive, evicting policy)."""
         if req.status is RequestStatus.WAITING:
             req.num_computed_tokens = 0
+        return evicting
 
     def _preempt(self, req: Request, now: float) -> None:
         self.running.remove(req)

@@ -5,7 +5,18 @@ this step's token budget, sequence slots and KV blocks. The scheduler
 (``minibatch.scheduler``) does the rest the same way for every policy: it walks the
 order, hands each request its new tokens (a chunk of them if the budget runs short),
 allocates KV blocks, and when the pool is exhausted preempts running requests from the
-*end* of the order. Requests the policy leaves out of the order simply wait.
+*end* of the order. Requests the policy leaves out of the order simply wait (a running
+one keeps its KV blocks but computes nothing this step).
+
+Rules every policy keeps, so that it can be switched in mid-run (``RunController``):
+
+* its state lives in the policy object and in ``req.policy_state`` (a dict; use keys
+  prefixed with the policy's name);
+* it must cope with requests it has never seen (running ones included): it builds
+  their state lazily from the request itself;
+* it orders only requests of ``state.running`` and ``state.waiting`` (the scheduler
+  ignores anything else). ``state.waiting`` may hold preempted requests (status
+  ``WAITING`` after a recompute preemption, ``SWAPPED`` after a swap).
 """
 
 from __future__ import annotations
@@ -40,6 +51,12 @@ class Policy:
 
     name: str = ""
     preemptive: bool = False
+    num_padded_slots: int = 0   # request-level batching: slots of finished members this step
+
+    @staticmethod
+    def waited(req: Request, now: float) -> float:
+        """Seconds since ``req`` arrived (the age that aging rules use)."""
+        return max(0.0, now - req.arrival_time)
 
     def schedule_order(self, state: SchedulerState) -> list[Request]:
         raise NotImplementedError
