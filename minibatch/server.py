@@ -238,7 +238,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use for the model (default: --model)")
     p.add_argument("--max-concurrent-requests", type=int, default=None,
-                   help="requests in flight before answering 429 (default: 4 x max_num_seqs)")
+                   help="requests in flight before answering 429 (default: max(256, 4 x max_num_seqs))")
     p.add_argument("--api-key", default=os.environ.get("MINIBATCH_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $MINIBATCH_API_KEY)")
     p.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
@@ -260,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     names = args.served_model_name or [args.model]
-    limit = args.max_concurrent_requests or 4 * config.max_num_seqs
+    limit = args.max_concurrent_requests
+    limit = max(256, 4 * config.max_num_seqs) if limit is None else limit
     if limit < 1:
         print("error: --max-concurrent-requests must be at least 1", file=sys.stderr)
         return 2
