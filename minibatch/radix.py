@@ -68,11 +68,17 @@ class RadixTree:
         limit = len(tokens) // self.block_size
         if max_blocks is not None:
             limit = min(limit, max_blocks)
+        bs = self.block_size
         node, out = self.root, []
         while len(out) < limit:
             child = node.children.get(self._chunk(tokens, len(out)))
             if child is None:
                 break
+            start, n = len(out) * bs, len(child.blocks)
+            if len(out) + n <= limit and tuple(tokens[start:start + n * bs]) == child.key:
+                out.extend(child.blocks)               # the whole edge matches (the common case)
+                node = child
+                continue
             for j, block in enumerate(child.blocks):
                 if len(out) >= limit or self._chunk(child.key, j) != self._chunk(tokens, len(out)):
                     return out

@@ -80,7 +80,7 @@ class MLFQPolicy(Policy):
     def on_step(self, scheduled, now):
         for r, _ in scheduled:
             st = r.policy_state
-            if "mlfq_level" not in st:
+            if "mlfq_level" not in st or r.is_finished:
                 continue
             st["mlfq_served"] = now
             st["mlfq_used"] += r.num_output_tokens - st["mlfq_out"]
