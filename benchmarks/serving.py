@@ -42,7 +42,7 @@ def overhead(requests, runs: int, log: Path) -> tuple[dict, dict]:
     params = [SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
     llm.generate([requests[0].prompt], params[0])                 # first-call costs out of the timing
     n_in = sum(r.prompt_len for r in requests)
-    srv = ServerProcess(log)
+    srv = ServerProcess(log, threads=None)
     offline_runs, served_runs = [], []
     try:
         run_benchmark(base_url=srv.url, requests=requests[:1])   # warm-up
@@ -70,7 +70,7 @@ def serve_args(engine_args: dict) -> list[str]:
 
 
 def curve(name: str, engine_args: dict, rates, n: int, input_len: int, output_len: int, log: Path) -> list[dict]:
-    srv = ServerProcess(log, *serve_args(engine_args))
+    srv = ServerProcess(log, *serve_args(engine_args), threads=None)
     rows = []
     try:
         run_benchmark(base_url=srv.url, num_prompts=1, random_input_len=input_len, random_output_len=4)

@@ -34,6 +34,8 @@ import numpy as np
 from minibatch.bench_data import BenchRequest, make_requests
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
+KEEPALIVE_S = 2.0
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}   # vLLM's spelling
 
 
 @dataclass
@@ -131,7 +133,7 @@ async def send_request(session, url: str, body: dict, headers: dict, prompt_len:
 # -- the run --------------------------------------------------------------------------------
 async def _get_json(session, url: str, headers: dict):
     try:
-        async with session.get(url, headers=headers) as resp:
+        async with session.get(url, headers={**headers, "Connection": "close"}) as resp:
             return await resp.json() if resp.status == 200 else None
     except Exception:
         return None
@@ -150,6 +152,7 @@ async def benchmark(base_url: str = "http://127.0.0.1:8000", model: str | None =
     """Run the benchmark (async). Arguments as the CLI flags; returns the result dict."""
     import aiohttp
 
+    endpoint = ENDPOINTS.get(endpoint, endpoint)
     if endpoint not in ("completions", "chat"):
         raise ValueError(f"endpoint must be 'completions' or 'chat', got {endpoint!r}")
     slos = parse_goodput(goodput)
@@ -157,7 +160,9 @@ async def benchmark(base_url: str = "http://127.0.0.1:8000", model: str | None =
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     chat = endpoint == "chat"
     url = f"{base_url}/v1/{'chat/completions' if chat else 'completions'}"
-    connector = aiohttp.TCPConnector(limit=max_concurrency or 0, force_close=False)
+    # Drop idle connections before a server would (uvicorn: 5 s), or a request may be written
+    # into a connection that the server is closing at that moment.
+    connector = aiohttp.TCPConnector(limit=max_concurrency or 0, keepalive_timeout=KEEPALIVE_S)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s),
                                      trust_env=False) as session:
         card = await _get_json(session, f"{base_url}/v1/models", headers)
@@ -315,7 +320,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="model name to request (default: the server's first)")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer for synthetic prompts: 'tiny' or a local directory (default: --model, else tiny)")
-    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    p.add_argument("--endpoint", choices=["completions", "chat", *ENDPOINTS], default="completions")
     p.add_argument("--dataset", default="random",
                    help="'random', a named workload (chat, rag, code_bursty, long_tail, shared_prefix) or trace:PATH")
     p.add_argument("--num-prompts", type=int, default=100)

@@ -12,7 +12,9 @@ workload's or trace's recorded arrival times (and means ``inf`` for ``random``).
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 from dataclasses import dataclass
 
 from minibatch.workload import Workload, fixed, gamma_arrivals, load_trace, load_workload, synthetic, uniform
@@ -26,6 +28,7 @@ class BenchRequest:
     arrival_time: float = 0.0     # seconds after the benchmark starts
 
 
+@functools.lru_cache(maxsize=8)
 def load_bench_tokenizer(name: str | None):
     """The tokenizer of ``name`` ('tiny' or a local checkpoint), else the tiny model's."""
     from minibatch.model.loader import resolve_model_path
@@ -37,6 +40,9 @@ def load_bench_tokenizer(name: str | None):
         except ValueError:
             tok = None
         if tok is not None:
+            if candidate != name:
+                warnings.warn(f"no local tokenizer for {name!r}: prompts use the tiny model's vocabulary "
+                              "(pass --tokenizer DIR for the served model's own)", stacklevel=2)
             return tok
     raise ValueError("no tokenizer found; pass --tokenizer 'tiny' or a local checkpoint directory")
 

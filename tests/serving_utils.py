@@ -20,12 +20,16 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, log_path, *args: str):
+    def __init__(self, log_path, *args: str, threads: int | None = 1):
+        """``threads``: torch CPU threads of the server (OMP_NUM_THREADS); tests use one so
+        that the server and the test process do not fight over a small machine's cores."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
         env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        if threads:
+            env["OMP_NUM_THREADS"] = str(threads)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "minibatch", "serve", "--port", str(self.port),
              "--uvicorn-log-level", "warning", *args],

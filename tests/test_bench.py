@@ -114,5 +114,5 @@ def test_cli(server, tmp_path):
     for line in TABLE_LINES + ["Request goodput (req/s):"]:
         assert line in proc.stdout
     res = json.loads(out.read_text())
-    assert res["completed"] == 8 and res["total_output_tokens"] == 64
+    assert res["completed"] == 8 and res["total_output_tokens"] == 64, res["errors"]
     assert png.read_bytes()[:4] == b"\x89PNG"
