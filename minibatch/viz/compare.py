@@ -7,6 +7,7 @@ from numbers import Number
 from typing import Mapping
 
 import numpy as np
+from matplotlib.patches import Patch
 
 from minibatch.viz._common import LATENCY_METRICS, METRIC_NAMES, as_named, new_figure, offered_rate, result_label
 
@@ -46,17 +47,24 @@ def compare_bars(results, metrics=DEFAULT_BAR_METRICS, slo: dict | None = None, 
     fig, axes = new_figure(figsize or (8, 2.6 * nrows + 0.4), nrows, ncols)
     colors = [f"C{i}" for i in range(len(runs))]
     names = list(runs)
+    short = max(map(len, names)) <= 12      # long names go to a legend instead of tick labels
     for ax, key in zip(axes.flat, metrics):
         title, unit, scale = metric_title(key)
         vals = [summaries[n].get(key, float("nan")) * scale for n in names]
         bars = ax.bar(range(len(names)), vals, color=colors)
         ax.bar_label(bars, labels=[f"{v:.3g}" for v in vals], fontsize=7, padding=1)
-        ax.set_xticks(range(len(names)), names, fontsize=7, rotation=20 if len(names) > 3 else 0)
+        if short:
+            ax.set_xticks(range(len(names)), names, fontsize=7, rotation=20 if len(names) > 3 else 0)
+        else:
+            ax.set_xticks([])
         ax.set_title(f"{title} ({unit})" if unit else title, fontsize=9)
         ax.margins(y=0.15)
         ax.grid(axis="y", alpha=0.3)
     for ax in list(axes.flat)[len(metrics):]:
         ax.set_visible(False)
+    if not short:
+        fig.legend(handles=[Patch(color=c, label=n) for c, n in zip(colors, names)], loc="outside lower center",
+                   ncols=min(len(names), 2), fontsize=8, frameon=False)
     fig.suptitle("Run comparison" + (f" (SLO {slo})" if slo else ""), fontsize=10)
     return fig
 

@@ -14,7 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
-from matplotlib.transforms import IdentityTransform
+from matplotlib.transforms import Bbox, IdentityTransform
 
 from minibatch.viz._common import COLORS, group_marks, interval_means, rolling_cum_rate, rolling_percentiles
 from minibatch.widgets.live import LiveData
@@ -91,26 +91,12 @@ class LivePlot:
             ax.set_xlabel("time (s, virtual)", fontsize=8)
         if title:
             self.fig.suptitle(title, fontsize=9)
-        self._cells = self._panel_cells(axes)
+        self._extent: dict = {}        # each panel's drawn extent (axes, ticks, labels, title)
         self._marks_drawn: list = []
         self._bg = None
         self._dirty: set[str] = set()
         self.full_draws = self.panel_draws = 0
         self.reset(1.0)
-
-    def _panel_cells(self, axes) -> dict:
-        """Each panel's region in figure fractions (bounded by the midlines between panels)."""
-        pos = {key: self.axes[key].get_position() for key in self.panels}
-        cols = sorted({round(p.x0, 6) for p in pos.values()} | {round(p.x1, 6) for p in pos.values()})
-        xs = [0.0] + [(cols[i] + cols[i + 1]) / 2 for i in range(1, len(cols) - 1, 2)] + [1.0]
-        rows = sorted({round(p.y0, 6) for p in pos.values()} | {round(p.y1, 6) for p in pos.values()})
-        ys = [0.0] + [(rows[i] + rows[i + 1]) / 2 for i in range(1, len(rows) - 1, 2)] + [1.0]
-        out = {}
-        for key, p in pos.items():
-            c = next(i for i in range(len(xs) - 1) if xs[i] <= p.x0 < xs[i + 1])
-            r = next(i for i in range(len(ys) - 1) if ys[i] <= p.y0 < ys[i + 1])
-            out[key] = (xs[c], ys[r], xs[c + 1], ys[r + 1])
-        return out
 
     def reset(self, horizon: float, window: float | None = None, total: int | None = None) -> None:
         """Forget all data; expect about ``horizon`` virtual seconds (the last arrival) and
@@ -215,19 +201,22 @@ class LivePlot:
         return True
 
     def _redraw_panels(self) -> None:
-        """Redraw only the panels whose y range changed, into the background."""
+        """Redraw only the panels whose y range changed, into the background.
+
+        Each is erased over the union of its old and new extents (tick labels may widen).
+        """
         renderer = self.canvas.get_renderer()
-        W, H = self.canvas.get_width_height()
         self.canvas.restore_region(self._bg)
         for key in self._dirty:
-            x0, y0, x1, y1 = self._cells[key]
-            box = Rectangle((x0 * W, y0 * H), (x1 - x0) * W, (y1 - y0) * H, transform=IdentityTransform(),
-                            facecolor=self.fig.get_facecolor(), edgecolor="none")
-            box.set_figure(self.fig)
-            box.draw(renderer)
-            self.axes[key].draw(renderer)
-        if self.fig._suptitle is not None:
-            self.fig._suptitle.draw(renderer)
+            ax = self.axes[key]
+            new = ax.get_tightbbox(renderer)
+            box = Bbox.union([self._extent[key], new]).padded(2)
+            erase = Rectangle((box.x0, box.y0), box.width, box.height, transform=IdentityTransform(),
+                              facecolor=self.fig.get_facecolor(), edgecolor="none")
+            erase.set_figure(self.fig)
+            erase.draw(renderer)
+            ax.draw(renderer)
+            self._extent[key] = new
         self._bg = self.canvas.copy_from_bbox(self.fig.bbox)
         self.panel_draws += len(self._dirty)
 
@@ -237,6 +226,8 @@ class LivePlot:
         if self._bg is None:
             self.canvas.draw()
             self._bg = self.canvas.copy_from_bbox(self.fig.bbox)
+            renderer = self.canvas.get_renderer()
+            self._extent = {key: ax.get_tightbbox(renderer) for key, ax in self.axes.items()}
             self.full_draws += 1
         elif self._dirty:
             self._redraw_panels()
