@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from minibatch.engine import LLMEngine
-from minibatch.request import Request, RequestMetrics
+from minibatch.request import Request, RequestMetrics, RequestStatus
 from minibatch.sampling_params import SamplingParams
 
 logger = logging.getLogger("minibatch.async_engine")
@@ -228,9 +228,7 @@ class AsyncEngine:
                 except Exception as e:  # keep serving: fail the requests in flight, not the server
                     logger.exception("engine step failed")
                     self.error = e
-                    for rid in list(self._tracks):
-                        engine.requests[rid].error = f"engine error: {e}"
-                        engine.abort_request(rid)
+                    self._fail_all(f"engine error: {type(e).__name__}: {e}")
                 if len(engine.steps) == num_steps:      # nothing could run this turn
                     idle_wait = self._idle_wait()
                 if len(engine.steps) > 2 * MAX_STEP_RECORDS:
@@ -239,6 +237,19 @@ class AsyncEngine:
             self.gauges = self._gauges()
             if stopping:
                 return
+
+    def _fail_all(self, error: str) -> None:
+        for rid in list(self._tracks):
+            req = self.engine.requests.get(rid)
+            if req is not None:
+                req.error = error
+            try:
+                self.engine.abort_request(rid)
+            except Exception:  # the engine is in a bad state; still end the client's stream
+                logger.exception("abort after an engine error failed")
+                if req is not None and not req.is_finished:
+                    req.status = RequestStatus.FINISHED_ABORTED
+                    self.engine.finished.append(req)
 
     def _apply(self, cmd: tuple) -> None:
         engine = self.engine

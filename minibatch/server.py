@@ -152,6 +152,8 @@ def build_app(state: ServerState):
             return StreamingResponse(sse(stream, req, model), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         await wait_or_abort(stream, request)
+        if stream.error:
+            raise APIError(500, stream.error, type="server_error")
         return response(rid, model, chat, stream.text, stream.finish_reason, stream.stop_reason,
                         usage(stream.num_prompt_tokens, len(stream.token_ids)))
 

@@ -63,6 +63,50 @@ def post(server, path: str, body, headers=AUTH, **kw) -> httpx.Response:
                       headers={"Content-Type": "application/json", **headers}, **kw)
 
 
+# -- AsyncEngine in process (no HTTP) ------------------------------------------------------------
+def test_async_engine_streams_aborts_and_survives_a_failed_step(llm):
+    from minibatch.async_engine import AsyncEngine
+
+    engine = llm.engine
+    step, calls = engine.step, []
+
+    def flaky_step():
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return step()
+
+    engine.step = flaky_step
+    ae = AsyncEngine(engine)
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+    async def run():
+        failed = await ae.add_request([5, 6, 7], greedy, "a")
+        await failed.wait()
+        ok = await ae.add_request([5, 6, 7], greedy, "b")
+        deltas = [d async for d in ok]
+        with pytest.raises(ValueError, match="empty prompt"):
+            await ae.add_request([], greedy, "c")
+        long = await ae.add_request([5, 6, 7], SamplingParams(max_tokens=500, ignore_eos=True), "d")
+        await long.next_delta()
+        ae.abort("d")
+        await long.wait()
+        return failed, ok, deltas, long
+
+    try:
+        failed, ok, deltas, long = asyncio.run(run())
+    finally:
+        ae.shutdown()
+        engine.step, engine.stream_text = step, False
+    assert failed.finish_reason == "abort" and "boom" in failed.error
+    assert ok.finish_reason == "length" and len(ok.token_ids) == 8 and ok.error is None
+    assert deltas[-1].finished and sum(len(d.token_ids) for d in deltas) == 8
+    assert long.finish_reason == "abort" and len(long.token_ids) < 500
+    assert engine.kv.num_used_blocks == 0 and ae.num_in_flight == 0 and not engine.requests
+    assert not ae.is_alive
+
+
+# -- HTTP ------------------------------------------------------------------------------------
 def test_completion(client):
     out = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=8, temperature=0,
                                     extra_body={"ignore_eos": True})
