@@ -46,6 +46,8 @@ HARD_SHUTDOWN_MARGIN_S = 5.0   # after the graceful timeout and the aborts, uvic
 
 
 class ServerState:
+    """What the endpoints share: the engine, the served names, the limits, the draining flag."""
+
     def __init__(self, engine: AsyncEngine, served_names: list[str], max_concurrent_requests: int,
                  api_key: str | None):
         self.engine = engine
@@ -58,6 +60,7 @@ class ServerState:
 
 def build_app(state: ServerState):
     """The FastAPI app serving ``state.engine``; shutting the app down stops the engine."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
