@@ -1,0 +1,165 @@
+"""Turn a lab source into its two notebooks, and run notebooks in a fresh kernel.
+
+``build_lab(lab)`` executes the reference notebook top to bottom; the executed copy is
+the answer key (``labs/keys/L01_metrics.key.ipynb``), and the learner notebook
+(``labs/L01_metrics.ipynb``) is the same notebook with each solution replaced by a
+``NotImplementedError`` stub, keeping the reference outputs. Both are rebuilt from the
+source, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import nbformat
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_core.utils import run_sync
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from minibatch.labs.source import LabSource, parse
+
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+
+
+def make_notebook(src: LabSource, role: str) -> nbformat.NotebookNode:
+    """The unexecuted notebook of ``role`` ``"reference"`` (solutions) or ``"learner"`` (stubs)."""
+    cells = []
+    for c in src.cells:
+        text = src.reference_source(c) if role == "reference" else src.stub_source(c)
+        cell = new_markdown_cell(text) if c.kind == "markdown" else new_code_cell(text)
+        cell.id = c.cell_id
+        if c.tags:
+            cell.metadata["tags"] = list(c.tags)
+        cells.append(cell)
+    nb = new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    nb.metadata["language_info"] = {"name": "python"}
+    nb.metadata["minibatch_lab"] = {"lab": src.lab_id, "role": role,
+                                    "source": f"labs/src/{src.path.name}"}
+    return nb
+
+
+class _ThisPython(KernelSpecManager):
+    """The "python3" kernel is this very interpreter, so it imports the same minibatch."""
+
+    def get_kernel_spec(self, kernel_name):
+        return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                          display_name="Python 3", language="python",
+                          env={"PYDEVD_DISABLE_FILE_VALIDATION": "1",
+                               # torch's OpenMP threads spin while they wait; on a busy CPU that
+                               # slows a tiny-model run down several times over.
+                               "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")})
+
+
+class LabKernelManager(AsyncKernelManager):
+    def __init__(self, **kwargs):
+        kwargs.setdefault("kernel_spec_manager", _ThisPython())
+        kwargs.setdefault("kernel_name", "python3")
+        super().__init__(**kwargs)
+
+
+class ExecutionAborted(RuntimeError):
+    """The kernel died; later cells did not run."""
+
+
+# Run first in a reused kernel, so each notebook starts from an empty namespace.
+_RESET = ("get_ipython().run_line_magic('reset', '-f')\n"
+          "import matplotlib.pyplot as _plt\n_plt.close('all')\ndel _plt")
+
+
+@contextmanager
+def shared_kernel(cwd: str | Path):
+    """One kernel for several notebooks (tests): imports are paid once, names are reset."""
+    km = LabKernelManager()
+    run_sync(km.start_kernel)(cwd=str(cwd))
+    try:
+        yield km
+    finally:
+        run_sync(km.shutdown_kernel)(now=True)
+
+
+def execute(nb: nbformat.NotebookNode, cwd: str | Path, timeout: int = 300,
+            allow_errors: bool = False, km: LabKernelManager | None = None) -> ExecutionAborted | None:
+    """Run ``nb`` in place; return the reason if the kernel died before the end.
+
+    A fresh kernel runs it unless ``km`` (from :func:`shared_kernel`) is given. Building
+    (``allow_errors=False``): the first error or timeout raises. Grading
+    (``allow_errors=True``): every cell runs; a cell that runs past ``timeout`` seconds
+    is interrupted and shows a ``KeyboardInterrupt`` error, and the next cell runs.
+    """
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    run_nb = nb
+    reset = new_code_cell(_RESET)
+    if km is not None:
+        run_nb = copy.copy(nb)
+        run_nb.cells = [reset] + list(nb.cells)
+    client = NotebookClient(run_nb, km=km, kernel_manager_class=LabKernelManager, kernel_name="python3",
+                            timeout=timeout, timeout_func=lambda cell: 600 if cell is reset else timeout,
+                            allow_errors=allow_errors, interrupt_on_timeout=allow_errors,
+                            shutdown_kernel="immediate", record_timing=False,
+                            resources={"metadata": {"path": str(cwd)}})
+    aborted = None
+    try:
+        client.execute(cwd=str(cwd))
+    except (CellExecutionError, CellTimeoutError):
+        raise
+    except (DeadKernelError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        aborted = ExecutionAborted(f"{type(e).__name__}: {first}")
+    finally:
+        if km is not None:
+            if client.kc is not None:
+                client.kc.stop_channels()
+            if aborted is not None:
+                run_sync(km.restart_kernel)(now=True)
+            elif any(o.output_type == "error" for o in reset.outputs):
+                raise RuntimeError(f"could not reset the shared kernel: {reset.outputs}")
+    return aborted
+
+
+def clean_outputs(nb: nbformat.NotebookNode) -> None:
+    """Drop what differs from run to run and means nothing: cell execution metadata."""
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.metadata.pop("execution", None)
+    nb.metadata["language_info"] = {"name": "python"}
+
+
+def learner_from_key(src: LabSource, key: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The learner notebook: the key's cells and outputs, task cells replaced by stubs."""
+    nb = copy.deepcopy(key)
+    by_id = {c.cell_id: c for c in src.cells}
+    for cell in nb.cells:
+        scell = by_id[cell.id]
+        if scell.tasks:
+            cell.source = src.stub_source(scell)
+    nb.metadata["minibatch_lab"] = dict(key.metadata["minibatch_lab"], role="learner")
+    return nb
+
+
+def build_lab(lab, timeout: int = 300, log=print, km=None) -> tuple[Path, Path]:
+    """Execute the reference and write the key and the learner notebook; return their paths.
+
+    The reference runs top to bottom in a fresh kernel (or in ``km``, see :func:`shared_kernel`);
+    any error stops the build.
+    """
+    src = parse(lab.source_path, lab.lab_id)
+    nb = make_notebook(src, "reference")
+    log(f"{lab.lab_id}: executing the reference solution ...")
+    execute(nb, cwd=lab.root, timeout=timeout, km=km)
+    clean_outputs(nb)
+    nb.metadata["minibatch_lab"]["role"] = "key"
+    lab.key_path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.validate(nb)
+    nbformat.write(nb, str(lab.key_path))
+    learner = learner_from_key(src, nb)
+    nbformat.write(learner, str(lab.notebook_path))
+    log(f"{lab.lab_id}: wrote {lab.notebook_path.name} and keys/{lab.key_path.name}")
+    return lab.notebook_path, lab.key_path

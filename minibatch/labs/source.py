@@ -1,0 +1,250 @@
+"""A lab's one source of truth: a percent-cell Python file with solution markers.
+
+Format (``labs/src/L01_metrics.py``)::
+
+    # %% [markdown]
+    # # L01 · 标题
+    # 说明文字 (each markdown line starts with "# ")
+    # %%
+    from minibatch.results import summarize            # a plain code cell
+    # %% tags=["task:1"]
+    def ttft(tl):
+        ### BEGIN SOLUTION
+        return tl.token_times[0] - tl.arrival
+        ### END SOLUTION
+    # %% tags=["check:1"]
+    assert ttft(...) == ...
+
+Tags (JSON list after ``tags=``):
+
+* ``task:N``: a cell the learner edits. Code between ``### BEGIN SOLUTION`` and
+  ``### END SOLUTION`` is the reference solution; the learner notebook gets
+  ``raise NotImplementedError("L01 · task N")`` at the marker's indentation instead.
+  A cell may hold several tasks; then each marker names its own:
+  ``### BEGIN SOLUTION task 3``.
+* ``check:N``: a graded cell for task N (asserts, deterministic printed output that
+  the grader compares with the answer key). ``needs:M`` says it also calls task M.
+* ``nbval-ignore-output``: the cell's output is not compared (wall-clock numbers).
+
+Any other cell is context (explanations, setup, engine demos) and must not call the
+learner's code, so that a fresh learner notebook fails exactly at its check cells.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CELL_RE = re.compile(r"^# %%(?P<md>\s*\[markdown\])?(?P<rest>.*)$")
+BEGIN_RE = re.compile(r"^(?P<indent>\s*)### BEGIN SOLUTION(?:\s+task\s+(?P<task>\d+))?\s*$")
+END_RE = re.compile(r"^\s*### END SOLUTION\s*$")
+TASK_TITLE_RE = re.compile(r"任务\s*(\d+)\s*[·:：]\s*(.+)")
+
+
+class LabSourceError(ValueError):
+    """A lab source file that the builder cannot turn into notebooks."""
+
+
+@dataclass
+class SourceCell:
+    kind: str                      # "markdown" | "code"
+    lines: list[str]
+    tags: list[str] = field(default_factory=list)
+    line_no: int = 0               # 1-based line of the "# %%" header
+    cell_id: str = ""
+
+    @property
+    def tasks(self) -> list[int]:
+        return sorted(int(t.split(":", 1)[1]) for t in self.tags if t.startswith("task:"))
+
+    @property
+    def check(self) -> int | None:
+        checks = [int(t.split(":", 1)[1]) for t in self.tags if t.startswith("check:")]
+        return checks[0] if checks else None
+
+    @property
+    def needs(self) -> list[int]:
+        return sorted(int(t.split(":", 1)[1]) for t in self.tags if t.startswith("needs:"))
+
+
+@dataclass
+class LabSource:
+    lab_id: str                    # "L01"
+    path: Path
+    cells: list[SourceCell]
+
+    @property
+    def tasks(self) -> list[int]:
+        return sorted({t for c in self.cells for t in c.tasks})
+
+    @property
+    def title(self) -> str:
+        for c in self.cells:
+            if c.kind == "markdown":
+                for line in c.lines:
+                    if line.startswith("# "):
+                        return line[2:].strip()
+        return self.lab_id
+
+    def task_titles(self) -> dict[int, str]:
+        """``{N: title}`` from markdown headings like ``## 任务 2 · 批处理窗口策略``."""
+        out: dict[int, str] = {}
+        for c in self.cells:
+            if c.kind != "markdown":
+                continue
+            for line in c.lines:
+                if line.lstrip().startswith("#"):
+                    m = TASK_TITLE_RE.search(line)
+                    if m and int(m.group(1)) not in out:
+                        out[int(m.group(1))] = m.group(2).strip()
+        return out
+
+    def reference_source(self, cell: SourceCell) -> str:
+        """The cell with the reference solution (markers dropped)."""
+        if cell.kind == "markdown":
+            return "\n".join(cell.lines)
+        return "\n".join(l for l in cell.lines if not (BEGIN_RE.match(l) or END_RE.match(l)))
+
+    def stub_source(self, cell: SourceCell) -> str:
+        """The cell as the learner gets it: each solution replaced by a NotImplementedError."""
+        if cell.kind == "markdown" or not cell.tasks:
+            return self.reference_source(cell)
+        out: list[str] = []
+        inside = False
+        for line in cell.lines:
+            m = BEGIN_RE.match(line)
+            if m:
+                task = int(m.group("task")) if m.group("task") else cell.tasks[0]
+                out.append(f'{m.group("indent")}raise NotImplementedError("{self.lab_id} · task {task}")')
+                inside = True
+            elif END_RE.match(line):
+                inside = False
+            elif not inside:
+                out.append(line)
+        return "\n".join(out)
+
+
+def parse(path: str | Path, lab_id: str | None = None) -> LabSource:
+    """Read a lab source file and validate its tags and markers."""
+    path = Path(path)
+    lab_id = lab_id or path.stem.split("_", 1)[0]
+    text = path.read_text(encoding="utf-8")
+    cells: list[SourceCell] = []
+    for no, raw in enumerate(text.splitlines(), start=1):
+        m = CELL_RE.match(raw)
+        if m:
+            rest = m.group("rest").strip()
+            tags: list[str] = []
+            if rest:
+                tm = re.fullmatch(r"tags\s*=\s*(\[.*\])", rest)
+                if not tm:
+                    raise LabSourceError(f"{path}:{no}: cannot read cell header {raw!r} "
+                                         "(expected '# %%', '# %% [markdown]' or '# %% tags=[...]')")
+                try:
+                    tags = json.loads(tm.group(1))
+                except json.JSONDecodeError as e:
+                    raise LabSourceError(f"{path}:{no}: tags must be a JSON list of strings: {e}") from None
+            cells.append(SourceCell("markdown" if m.group("md") else "code", [], tags, no))
+            continue
+        if not cells:
+            if raw.strip():
+                raise LabSourceError(f"{path}:{no}: text before the first '# %%' cell header")
+            continue
+        cell = cells[-1]
+        if cell.kind == "markdown":
+            if raw.strip() and not raw.startswith("#"):
+                raise LabSourceError(f"{path}:{no}: a markdown line must start with '#': {raw!r}")
+            raw = raw[2:] if raw.startswith("# ") else raw[1:]
+        cell.lines.append(raw)
+    for cell in cells:                     # trim blank lines around each cell
+        while cell.lines and not cell.lines[-1].strip():
+            cell.lines.pop()
+        while cell.lines and not cell.lines[0].strip():
+            cell.lines.pop(0)
+    src = LabSource(lab_id, path, cells)
+    _validate(src)
+    _assign_ids(src)
+    return src
+
+
+def _validate(src: LabSource) -> None:
+    where = src.path
+    tasks = set(src.tasks)
+    if not tasks:
+        raise LabSourceError(f"{where}: no task cells (tag a cell 'task:1')")
+    checked: set[int] = set()
+    for cell in src.cells:
+        at = f"{where}:{cell.line_no}"
+        known = [t for t in cell.tags if t.split(":", 1)[0] in ("task", "check", "needs")]
+        for t in known:
+            if not re.fullmatch(r"(task|check|needs):\d+", t):
+                raise LabSourceError(f"{at}: bad tag {t!r} (write e.g. 'task:2')")
+        if cell.kind == "markdown" and known:
+            raise LabSourceError(f"{at}: a markdown cell cannot carry {known}")
+        if cell.tasks and cell.check is not None:
+            raise LabSourceError(f"{at}: a cell is either a task cell or a check cell")
+        if sum(t.startswith("check:") for t in cell.tags) > 1:
+            raise LabSourceError(f"{at}: a check cell checks one task (add 'needs:M' for others it uses)")
+        if cell.needs and cell.check is None:
+            raise LabSourceError(f"{at}: 'needs:' only goes on check cells")
+        if cell.check is not None:
+            if cell.check not in tasks:
+                raise LabSourceError(f"{at}: check:{cell.check} but there is no task {cell.check}")
+            for n in cell.needs:
+                if n not in tasks:
+                    raise LabSourceError(f"{at}: needs:{n} but there is no task {n}")
+            checked.add(cell.check)
+        # Markers: balanced, inside task cells only, naming one of the cell's tasks.
+        inside = False
+        marked: set[int] = set()
+        for i, line in enumerate(cell.lines):
+            m = BEGIN_RE.match(line)
+            if m:
+                if inside or not cell.tasks:
+                    raise LabSourceError(f"{at}: unexpected '### BEGIN SOLUTION' (line {i + 1} of the cell)")
+                task = int(m.group("task")) if m.group("task") else None
+                if task is None:
+                    if len(cell.tasks) > 1:
+                        raise LabSourceError(f"{at}: this cell holds tasks {cell.tasks}; "
+                                             "write '### BEGIN SOLUTION task N'")
+                    task = cell.tasks[0]
+                if task not in cell.tasks:
+                    raise LabSourceError(f"{at}: marker names task {task}, cell is tagged {cell.tasks}")
+                marked.add(task)
+                inside = True
+            elif END_RE.match(line):
+                if not inside:
+                    raise LabSourceError(f"{at}: '### END SOLUTION' without a BEGIN")
+                inside = False
+        if inside:
+            raise LabSourceError(f"{at}: '### BEGIN SOLUTION' is never closed")
+        if set(cell.tasks) - marked:
+            raise LabSourceError(f"{at}: task cell has no solution markers for tasks {sorted(set(cell.tasks) - marked)}")
+    if tasks - checked:
+        raise LabSourceError(f"{where}: tasks {sorted(tasks - checked)} have no check cell")
+    owners: dict[int, int] = {}
+    for cell in src.cells:
+        for t in cell.tasks:
+            if t in owners:
+                raise LabSourceError(f"{where}:{cell.line_no}: task {t} is already in the cell at line {owners[t]}")
+            owners[t] = cell.line_no
+
+
+def _assign_ids(src: LabSource) -> None:
+    """Stable cell ids: ``task-2``, ``check-2``, ``check-2-b``, ``cell-07`` ..."""
+    used: set[str] = set()
+    for i, cell in enumerate(src.cells):
+        if cell.tasks:
+            base = "task-" + "-".join(map(str, cell.tasks))
+        elif cell.check is not None:
+            base = f"check-{cell.check}"
+        else:
+            base = f"{'md' if cell.kind == 'markdown' else 'cell'}-{i:02d}"
+        cid, k = base, 0
+        while cid in used:
+            k += 1
+            cid = f"{base}-{chr(ord('a') + k)}"
+        used.add(cid)
+        cell.cell_id = cid

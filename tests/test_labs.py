@@ -1,0 +1,231 @@
+"""Every lab is solvable (its key passes), graded (its stubs fail exactly at the check
+cells) and in sync with its one source; and the grader trusts only the key."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import nbformat
+import pytest
+
+from minibatch.labs import Lab, find_lab, labs_dir, list_labs
+from minibatch.labs.__main__ import main as labs_main
+from minibatch.labs.builder import build_lab, make_notebook, shared_kernel
+from minibatch.labs.grader import grade
+from minibatch.labs.source import LabSourceError, parse
+
+LABS = list_labs()
+IDS = [lab.lab_id for lab in LABS]
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """One kernel for all notebook runs here: imports (torch, minibatch) are paid once."""
+    with shared_kernel(labs_dir()) as km:
+        yield km
+
+
+def _cells(nb):
+    return [(c.cell_type, c.get("id"), c.source, list(c.get("metadata", {}).get("tags", []))) for c in nb.cells]
+
+
+def test_the_course_labs_exist():
+    assert IDS[:4] == ["L01", "L02", "L03", "L04"]
+    assert find_lab("3") == find_lab("L03") == find_lab("l03_continuous")
+    with pytest.raises(KeyError):
+        find_lab("L99")
+
+
+@pytest.mark.parametrize("lab", LABS, ids=IDS)
+def test_notebooks_are_in_sync_with_the_source(lab: Lab):
+    """Rebuilding from labs/src gives the stored cells; the learner keeps the key's outputs."""
+    src = lab.source()
+    key = nbformat.read(str(lab.key_path), as_version=4)
+    learner = nbformat.read(str(lab.notebook_path), as_version=4)
+    nbformat.validate(key)
+    nbformat.validate(learner)
+    assert _cells(key) == _cells(make_notebook(src, "reference")), \
+        f"{lab.key_path.name} is stale: run `python -m minibatch.labs build {lab.lab_id}`"
+    assert _cells(learner) == _cells(make_notebook(src, "learner")), \
+        f"{lab.notebook_path.name} is stale: run `python -m minibatch.labs build {lab.lab_id}`"
+    for k, l in zip(key.cells, learner.cells):
+        if k.cell_type == "code":
+            assert k.outputs == l.outputs, f"cell {k.id}: the learner notebook must show the key's outputs"
+    assert key.metadata["minibatch_lab"]["role"] == "key"
+    assert learner.metadata["minibatch_lab"]["role"] == "learner"
+    assert key.metadata["kernelspec"]["name"] == "python3"
+    stubs = [c.source for c in learner.cells if c.cell_type == "code" and "raise NotImplementedError" in c.source]
+    assert len(stubs) == len({c.cell_id for c in src.cells if c.tasks})
+    figures = sum("image/png" in o.get("data", {}) for c in key.cells if c.cell_type == "code" for o in c.outputs)
+    assert figures >= 1, "every lab shows at least one figure"
+    for c in key.cells:
+        assert "sys.path" not in c.source, "notebooks import the installed package"
+
+
+@pytest.mark.parametrize("lab", LABS, ids=IDS)
+def test_the_reference_solution_passes(lab: Lab, kernel):
+    report = grade(lab, lab.key_path, km=kernel)
+    assert report.passed, report.format()
+    bad = [(c.cell_id, c.describe()) for c in report.cells if not c.ok]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("lab", LABS, ids=IDS)
+def test_the_stubs_fail_exactly_at_the_check_cells(lab: Lab, kernel):
+    report = grade(lab, lab.notebook_path, km=kernel)
+    assert not any(t.passed for t in report.tasks), report.format()
+    checks = 0
+    for c in report.cells:
+        if c.role in ("context", "task"):
+            assert c.ok, f"{c.cell_id} must run without the solutions: {c.describe()}"
+            continue
+        checks += 1
+        assert c.status == "error", f"{c.cell_id} should fail without the solutions ({c.status})"
+        allowed = {f"{lab.lab_id} · task {t}" for t in c.tasks + c.needs}
+        assert (c.ename == "NotImplementedError" and c.evalue in allowed) or c.ename == "AssertionError", \
+            f"{c.cell_id} failed with {c.ename}: {c.evalue} (expected one of {sorted(allowed)})"
+    assert checks >= len(report.tasks)
+
+
+# -- the machinery, on a small lab of its own -------------------------------------------
+MINI = '''\
+# %% [markdown]
+# # L07 · mini
+# ## 任务 1 · double
+# %%
+import math
+# %% tags=["task:1"]
+def double(x):
+    ### BEGIN SOLUTION
+    return 2 * x
+    ### END SOLUTION
+# %% tags=["check:1"]
+assert double(2) == 4
+print("double(21) =", double(21))
+# %% [markdown]
+# ## 任务 2 · root
+# %% tags=["task:2"]
+def root(x):
+    # hint: math.sqrt
+    ### BEGIN SOLUTION
+    return math.sqrt(x)
+    ### END SOLUTION
+# %% tags=["check:2", "needs:1"]
+print(round(root(double(8)), 3))
+'''
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory, kernel):
+    root = tmp_path_factory.mktemp("labs")
+    (root / "src").mkdir()
+    (root / "src" / "L07_mini.py").write_text(MINI, encoding="utf-8")
+    lab = find_lab("L07", root)
+    build_lab(lab, km=kernel, log=lambda *a: None)
+    return lab
+
+
+def _edit(lab, tmp_path, **sources):
+    """The learner notebook with some cells (by id) given new sources."""
+    nb = nbformat.read(str(lab.notebook_path), as_version=4)
+    for cell in nb.cells:
+        if cell.get("id") in sources:
+            cell.source = sources[cell.id]
+    path = tmp_path / "mine.ipynb"
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_build_writes_a_stubbed_learner_notebook_and_an_executed_key(mini):
+    key = nbformat.read(str(mini.key_path), as_version=4)
+    learner = nbformat.read(str(mini.notebook_path), as_version=4)
+    assert [c.id for c in key.cells if c.cell_type == "code"] == ["cell-01", "task-1", "check-1", "task-2", "check-2"]
+    task2 = next(c for c in learner.cells if c.id == "task-2").source
+    assert task2 == 'def root(x):\n    # hint: math.sqrt\n    raise NotImplementedError("L07 · task 2")'
+    check2 = next(c for c in learner.cells if c.id == "check-2")
+    assert check2.outputs[0]["text"] == "4.0\n", "the learner sees the reference output"
+
+
+def test_grader_reports_each_task(mini, kernel, tmp_path):
+    path = _edit(mini, tmp_path, **{"task-1": "def double(x):\n    return x + x"})
+    report = grade(mini, path, km=kernel)
+    assert [t.passed for t in report.tasks] == [True, False]
+    assert "NotImplementedError: L07 · task 2" in report.tasks[1].failures[0]
+    text = report.format()
+    assert "✓ task 1  double" in text and "✗ task 2  root" in text and "1/2 tasks pass" in text
+
+
+def test_grader_uses_the_key_not_the_learners_check_cells_or_outputs(mini, kernel, tmp_path):
+    path = _edit(mini, tmp_path, **{"task-1": "def double(x):\n    return 2 * x + 1",
+                                    "check-1": "pass  # tampered", "task-2": "import math\nroot = math.sqrt"})
+    report = grade(mini, path, km=kernel)
+    t1, t2 = report.tasks
+    assert not t1.passed and "AssertionError" in t1.failures[0] and "assert double(2) == 4" in t1.failures[0]
+    # task 2's check runs the key's cell; double(8) = 17 prints 4.123 instead of 4.0
+    assert not t2.passed and "expected: 4.0" in t2.failures[0] and "got:      4.123" in t2.failures[0]
+
+
+def test_grader_matches_task_cells_by_tag_and_flags_missing_ones(mini, kernel, tmp_path):
+    nb = nbformat.read(str(mini.notebook_path), as_version=4)
+    for cell in nb.cells:
+        if cell.get("id") == "task-1":
+            cell.id, cell.source = "renamed", "def double(x):\n    return 2 * x"
+    nb.cells = [c for c in nb.cells if c.get("id") != "task-2"]
+    path = tmp_path / "mine.ipynb"
+    nbformat.write(nb, str(path))
+    report = grade(mini, path, km=kernel)
+    assert [t.passed for t in report.tasks] == [True, False]
+    assert any("task:2" in n for n in report.notes)
+
+
+def test_a_cell_that_hangs_is_interrupted_and_grading_goes_on(mini, kernel, tmp_path):
+    path = _edit(mini, tmp_path, **{"task-1": "def double(x):\n    while True:\n        pass",
+                                    "task-2": "import math\nroot = math.sqrt"})
+    report = grade(mini, path, km=kernel, timeout=3)
+    t1, t2 = report.tasks
+    assert not t1.passed and "TimeoutError" in t1.failures[0]
+    assert not t2.passed            # its check calls double too
+    assert report.aborted is None
+
+
+def test_cli_solve_and_check(mini, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MINIBATCH_LABS_DIR", str(mini.root))
+    solved = tmp_path / "solved.ipynb"
+    assert labs_main(["solve", "L07", "--out", str(solved)]) == 0
+    capsys.readouterr()
+    assert labs_main(["check", "L07", str(solved), "--json"]) == 0      # a fresh kernel, as learners get
+    assert [t["passed"] for t in json.loads(capsys.readouterr().out)["tasks"]] == [True, True]
+    assert labs_main(["check", "L07", str(mini.notebook_path)]) == 1
+    assert "0/2 tasks pass" in capsys.readouterr().out
+
+
+def test_keys_are_plain_nbval_notebooks(mini):
+    """``pytest --nbval`` reruns a key and finds the outputs it stores."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval",
+                          str(mini.key_path)], capture_output=True, text=True, cwd=str(mini.root))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+
+
+def test_cli_list(capsys):
+    assert labs_main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "L03" in out and "task 2:" in out
+
+
+@pytest.mark.parametrize("text, message", [
+    ("# %% tags=[\"task:1\"]\nx = 1\n", "no solution markers"),
+    ("# %% tags=[\"task:1\"]\n### BEGIN SOLUTION\nx = 1\n", "never closed"),
+    ("# %% tags=[\"task:1\"]\n### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n", "no check cell"),
+    ("# %% tags=[\"task:1\"]\n### BEGIN SOLUTION\n### END SOLUTION\n# %% tags=[\"check:2\"]\n", "no task 2"),
+    ("# %% tags=task:1\nx = 1\n", "cannot read cell header"),
+    ("# %% [markdown]\nnot a comment\n", "must start with '#'"),
+    ("# %% tags=[\"task:1\", \"task:2\"]\n### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n", "BEGIN SOLUTION task N"),
+])
+def test_bad_sources_are_refused_with_a_reason(tmp_path, text, message):
+    path = tmp_path / "L09_bad.py"
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    with pytest.raises(LabSourceError, match=message.replace("(", r"\(")):
+        parse(path)
