@@ -9,7 +9,8 @@
 # 并行采样（Parallel Sampling）、束搜索（Beam Search）和前缀缓存（Prefix Caching）都建立在这上面。
 #
 # 本实验中你将写一个小而完整的块管理器 `BlockManager`：先写不变量检查，再写分配与释放、追加 Token，
-# 最后实现 `fork` 与写时复制（Copy-on-Write, CoW），并把前三项与 minibatch 的 `KVCacheManager` 逐块对账。
+# 最后实现 `fork` 与写时复制（Copy-on-Write, CoW）。前三项会与 minibatch 的 `KVCacheManager` 逐块对账，
+# 并在一次真实的引擎运行中作为“影子”跟着引擎分配、释放每一个块。
 #
 # **学习目标**
 #
@@ -380,6 +381,66 @@ ax.set_ylabel("wasted KV slots (%)")
 ax.set_title("paged KV: waste is at most one partial block per sequence", fontsize=9)
 plt.tight_layout()
 plt.show()
+
+# %% [markdown]
+# ## 3. 跟着真实引擎跑一遍
+#
+# 最后把你的 `BlockManager` 作为“影子”（Shadow）挂到引擎上：在模拟器里跑一个 KV 很紧的负载
+# （LLaMA-2-7B、A100-80G，但只给 48 个块），引擎每次调用 `KVCacheManager.allocate_slots` / `free`，
+# 影子都在你的管理器上做同样的事——新请求 `allocate`，已有请求 `append`，结束或被抢占（Preemption）时 `free_seq`——
+# 并断言两者的结果与块表完全相同。这里包含了连续批处理、分块预填充和因 KV 不足而发生的抢占。
+
+# %%
+from minibatch import EngineConfig, LLMEngine
+from minibatch.runner import run
+from minibatch.workload import lognormal, synthetic
+
+
+def shadow(engine, mine: BlockManager) -> dict:
+    """Mirror every allocate_slots/free of the engine's KV manager on ``mine`` and compare."""
+    kv = engine.kv
+    allocate_slots, free = kv.allocate_slots, kv.free
+    calls = {"allocate": 0, "append": 0, "refused": 0, "free": 0}
+
+    def shadow_allocate_slots(req, num_new_tokens, computed_blocks=None):
+        ok = allocate_slots(req, num_new_tokens, computed_blocks)
+        rid = req.request_id
+        if rid in mine.tables:
+            calls["append"] += 1
+            my_ok = mine.append(rid, num_new_tokens)
+        else:
+            calls["allocate"] += 1
+            my_ok = mine.allocate(rid, req.num_computed_tokens + num_new_tokens)
+        assert my_ok == ok, f"{rid}: engine says {ok}, yours {my_ok}"
+        if not ok:
+            calls["refused"] += 1
+        assert mine.tables.get(rid, []) == kv.block_table(rid), f"{rid}: {mine.tables.get(rid)} vs {kv.block_table(rid)}"
+        return ok
+
+    def shadow_free(req):
+        free(req)
+        if req.request_id in mine.tables:
+            calls["free"] += 1
+            mine.free_seq(req.request_id)
+        mine.check_invariants()
+        assert mine.num_free == kv.num_free_blocks
+
+    kv.allocate_slots, kv.free = shadow_allocate_slots, shadow_free
+    return calls
+
+# %% tags=["check:3", "needs:1", "needs:2"]
+engine = LLMEngine(EngineConfig.from_kwargs(executor="sim", model="llama-2-7b", hardware="a100-80g",
+                                            num_kv_blocks=48, block_size=16, max_num_seqs=8,
+                                            max_num_batched_tokens=256), clock="virtual")
+mine = BlockManager(48, 16)
+calls = shadow(engine, mine)
+wl = synthetic(40, rate=10, input_len=lognormal(median=120, sigma=0.6, max=400), output_len=64, seed=3)
+result = run(wl, engine=engine)
+assert all(r.completed for r in result.requests)
+assert mine.tables == {} and mine.num_free == 48, "every block back in the pool at the end"
+print(f"{calls['allocate']} allocate + {calls['append']} append calls ({calls['refused']} refused for lack of "
+      f"blocks), {calls['free']} frees: identical to the engine's KVCacheManager")
+print(f"{result.summary()['num_preemptions']} preemptions, peak KV use {result.summary()['kv_util_max']:.0%}")
 
 # %% tags=["check:4", "needs:1", "needs:2", "needs:3"]
 bm = BlockManager(8, 4)
