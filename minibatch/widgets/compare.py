@@ -131,7 +131,7 @@ class Compare:
         self.runs = {s: LiveRun(workload, C.engine_options({**self.controls, **self.sides[s]}, self.engine_kwargs),
                                 speed=speed, on_finish=self._on_run_finished) for s in SIDES}
         for s in SIDES:
-            self.plots[s].reset(horizon, self.window, len(workload))
+            self.plots[s].reset(horizon, self.window, len(workload), sum(r.max_tokens for r in workload))
         self._done.clear()
         self.button.disabled = True
         self._sequential = self.controls["executor"].value == "model"

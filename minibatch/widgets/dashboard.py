@@ -203,7 +203,7 @@ class Dashboard:
             self.result = None
             self.live = LiveRun(workload, kwargs, speed=self.controls["speed"].value)
             horizon = max(s.arrival_time for s in workload) if len(workload) else 1.0
-            self._reset_plot(horizon, len(workload))
+            self._reset_plot(horizon, len(workload), sum(r.max_tokens for r in workload))
             self._lock_setup(True)
             self.renders = 0
             self.render_times = []
@@ -278,9 +278,9 @@ class Dashboard:
         self.buttons["pause"].disabled = not running
         self.buttons["pause"].description, self.buttons["pause"].icon = "Pause", "pause"
 
-    def _reset_plot(self, horizon: float | None = None, total: int | None = None) -> None:
+    def _reset_plot(self, horizon: float | None = None, total: int | None = None, tokens: int | None = None) -> None:
         with self._render_lock:
-            self.plot.reset(horizon or 1.0, self.window, total)
+            self.plot.reset(horizon or 1.0, self.window, total, tokens)
 
     def _stop_refresher(self) -> None:
         if self._refresher is not None:

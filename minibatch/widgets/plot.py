@@ -75,6 +75,7 @@ class LivePlot:
             ax.set_title(name, fontsize=9)
             ax.set_ylabel(unit, fontsize=8)
             ax.tick_params(labelsize=7)
+            ax.xaxis.set_major_locator(MaxNLocator(5))
             if key in LOG_Y:
                 ax.set_yscale("log")
             else:
@@ -98,10 +99,11 @@ class LivePlot:
         self.full_draws = self.panel_draws = 0
         self.reset(1.0)
 
-    def reset(self, horizon: float, window: float | None = None, total: int | None = None) -> None:
-        """Forget all data; expect about ``horizon`` virtual seconds (the last arrival) and
-        ``total`` requests. Fixed ranges where they are known (KV 0-100 %, latencies on a
-        log scale, requests 0-total) keep redraws rare."""
+    def reset(self, horizon: float, window: float | None = None, total: int | None = None,
+              total_tokens: int | None = None) -> None:
+        """Forget all data; expect about ``horizon`` virtual seconds (the last arrival),
+        ``total`` requests and ``total_tokens`` output tokens. Fixed ranges where they are
+        known (KV 0-100 %, latencies on a log scale, requests 0-total) keep redraws rare."""
         horizon = max(float(horizon), 1e-3)
         self.xmax = _nice_ceil(horizon * 2.0)
         self.window = window or max(horizon / 25.0, 1e-3)
@@ -109,6 +111,7 @@ class LivePlot:
         self.grid: list[float] = []
         self.values: dict[str, list[float]] = {sid: [] for sid in self.lines}
         self.ymax = {key: FIXED_Y.get(key, (0.0, 0.0))[1] for key in self.panels}
+        self.total, self.total_tokens = total, total_tokens
         if total and "requests" in self.ymax:
             self.ymax["requests"] = float(total)
         for ax in self.axes.values():
@@ -167,7 +170,11 @@ class LivePlot:
         head = self._series_at(a, np.asarray([now]))
         grid = np.asarray(self.grid + [now])
         if now > self.xmax:
-            self.xmax = _nice_ceil(now * 2.0)
+            # Past the expected end: extrapolate from the share of the work done so far.
+            frac = max(a["done_t"].size / self.total if self.total else 0.0,
+                       a["cum_tokens"][-1] / self.total_tokens if self.total_tokens and a["cum_tokens"].size else 0.0)
+            est = now / frac if frac >= 0.02 else 0.0
+            self.xmax = _nice_ceil(max(now * 2.0, min(est * 1.2, now * 10.0)))
             for ax in self.axes.values():
                 ax.set_xlim(0, self.xmax)
             self._bg = None
@@ -179,7 +186,7 @@ class LivePlot:
             top = max(np.nanmax(line.get_ydata(), initial=0.0) for line in ax.get_lines() if line.get_animated())
             if top > self.ymax[key]:
                 log = key in LOG_Y
-                self.ymax[key] = 10 ** np.ceil(np.log10(top) + 0.5) if log else _nice_ceil(top * 2.0)
+                self.ymax[key] = 10 ** np.ceil(np.log10(top) + 0.5) if log else _nice_ceil(top * 2.5)
                 ax.set_ylim(ax.get_ylim()[0], self.ymax[key] * (1.05 if key == "requests" else 1.0))
                 self._dirty.add(key)
         if len(self.grid) > 1500:                      # a run far past its horizon: coarser grid
