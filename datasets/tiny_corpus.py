@@ -8,12 +8,18 @@ character/place combinations, different random stream), one
 """
 
 import argparse
+import importlib.util
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from minibatch.tiny_corpus import generate, write_corpus  # noqa: E402
+# Load the generator module by path: it only needs the standard library, and
+# importing the `minibatch` package would pull in torch and transformers.
+_path = pathlib.Path(__file__).resolve().parents[1] / "minibatch" / "tiny_corpus.py"
+_spec = importlib.util.spec_from_file_location("_minibatch_tiny_corpus", _path)
+_mod = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = _mod  # dataclasses look their module up here
+_spec.loader.exec_module(_mod)
+generate, write_corpus = _mod.generate, _mod.write_corpus
 
 
 def main(argv=None):
