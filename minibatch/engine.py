@@ -243,7 +243,8 @@ class LLMEngine:
         req.status = status
         req.finish_time = self.clock.now()
         self.scheduler.remove(req)
-        if self.tokenizer is not None and req.request_id not in self._detok:
+        if self.tokenizer is not None and not isinstance(req.stop_reason, str):
+            # A full decode: the incremental one may still hold back a partial character.
             req.output_text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
         self._detok.pop(req.request_id, None)
         self.finished.append(req)
