@@ -45,7 +45,8 @@ from minibatch.request import RequestMetrics
 # | event | 含义 | info |
 # |---|---|---|
 # | `arrival` | 请求到达服务 | `prompt_len` |
-# | `schedule` | 请求第一次被调度进批次（可能出现多次，如抢占后重新调度） | |
+# | `schedule` | 请求被调度进批次（引擎只记第一次；手写日志里可能重复，只有第一次算数） | |
+# | `first_token` | 第一个输出 Token（紧接着还有一条同一时刻的 `token`） | |
 # | `token` | 产出一个输出 Token（每个 Token 一条） | |
 # | `preempt` | 请求被抢占（Preemption），KV 被回收 | |
 # | `finish` | 请求正常结束 | `reason`：`"length"`（达到 `max_tokens`）或 `"stop"` |

@@ -9,7 +9,8 @@
 # - 队列里最老的请求已经等待了 `max_wait`（窗口到期）。
 #
 # 发车后这一批跑到**全部完成**才接纳下一批，这叫请求级（Request-level）批处理，是连续批处理（Continuous Batching）
-# 出现之前 Triton Inference Server、早期 TGI 等服务的做法。本实验中你将把它写成 minibatch 的一个调度策略（Policy），
+# 出现之前通用推理服务的做法（例如 Triton Inference Server 的动态批处理器 Dynamic Batcher 的
+# `max_queue_delay_microseconds`）。本实验中你将把它写成 minibatch 的一个调度策略（Policy），
 # 插进真实的引擎里，在模拟器中观察：低负载时 TTFT 几乎正好增加一个窗口；高负载时窗口不再是问题，“等整批跑完”才是。
 #
 # **学习目标**

@@ -125,10 +125,21 @@ def execute(nb: nbformat.NotebookNode, cwd: str | Path, timeout: int = 300,
 
 
 def clean_outputs(nb: nbformat.NotebookNode) -> None:
-    """Drop what differs from run to run and means nothing: cell execution metadata."""
+    """Drop what differs from run to run and means nothing: cell execution metadata, and
+    where the kernel happened to split a cell's printed text into several stream messages."""
     for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.metadata.pop("execution", None)
+        if cell.cell_type != "code":
+            continue
+        cell.metadata.pop("execution", None)
+        merged = []
+        for out in cell.outputs:
+            prev = merged[-1] if merged else None
+            if (out.output_type == "stream" and prev is not None and prev.output_type == "stream"
+                    and prev.name == out.name):
+                prev.text += out.text
+            else:
+                merged.append(out)
+        cell.outputs = merged
     nb.metadata["language_info"] = {"name": "python"}
 
 
