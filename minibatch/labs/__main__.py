@@ -19,7 +19,7 @@ def _cmd_list(args) -> int:
     for lab in list_labs():
         src = lab.source()
         titles = src.task_titles()
-        print(f"{lab.lab_id}  {src.title}")
+        print(src.title if src.title.startswith(lab.lab_id) else f"{lab.lab_id}  {src.title}")
         print(f"     notebook: labs/{lab.notebook_path.name}")
         for t in src.tasks:
             print(f"     task {t}: {titles.get(t, '')}")
