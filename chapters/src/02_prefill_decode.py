@@ -1,0 +1,407 @@
+# %% [markdown]
+# # 第 2 章　Prefill 与 Decode：两阶段的计算与访存
+#
+# 第 1 章看到，批处理能把吞吐提升一个数量级，而单请求的解码速度却有一个由显存带宽决定的物理上限。这一章把这两句话
+# 背后的机制讲清楚：一次生成请求分成**预填充（Prefill）**与**解码（Decode）**两个阶段，它们的计算量与访存量完全不同，
+# 一个是算力受限（Compute-bound），一个是访存受限（Memory-bound）。用 Roofline 模型量化之后，你会明白为什么
+# “解码阶段的批处理几乎是免费的”，以及这份“免费”在什么时候结束。
+
+# %% [markdown]
+# ## 学习目标
+#
+# 读完并运行本章后，你将能够：
+#
+# 1. 说明 Prefill 与 Decode 各自做什么、决定了哪个延迟指标（TTFT 与 TPOT）；
+# 2. 计算矩阵乘（GEMM）与注意力的算术强度（Arithmetic Intensity，FLOP/Byte），判断一个内核是算力受限还是访存受限；
+# 3. 用 Roofline 公式 $t = \max(F/P,\; B/W)$ 估算一步的耗时，并算出每种 GPU 的“脊点”（Ridge Point）；
+# 4. 在 CPU 上实测真实小模型的单步耗时随批大小、上下文长度的变化，并用代价模型预测 LLaMA-7B 在 A100/H100 上的同一条曲线；
+# 5. 解释“解码批处理几乎免费”的条件：权重读取被摊薄，直到 GEMM 变成算力受限，或 KV Cache 的读取量压过权重。
+
+# %% [markdown]
+# ## 2.1 一次生成的两个阶段
+#
+# 给定一个长度为 $P$ 的 Prompt，自回归生成分两步走：
+#
+# - **Prefill（预填充）**：一次前向计算处理全部 $P$ 个 Prompt Token，把每一层的 Key/Value 写进 KV Cache，
+#   并采样出第一个输出 Token。它决定了首 Token 延迟（TTFT）中“计算”的那一部分。
+# - **Decode（解码）**：此后每一步只为每个序列输入 **1 个** 新 Token，读取它此前全部 Token 的 KV，生成下一个 Token。
+#   相邻两个 Token 的间隔就是 TPOT（Time Per Output Token）。
+#
+# 对一个输出 $N$ 个 Token 的请求（忽略排队）：
+#
+# $$\text{TTFT} \approx t_{\text{prefill}}(P), \qquad \text{E2E} \approx \text{TTFT} + (N-1)\cdot \text{TPOT}.$$
+#
+# 先在真实的 `tiny` 模型上看一看：提交一个 256 Token 的 Prompt，生成 16 个 Token，然后读引擎记录的每一步。
+# （CPU 上的耗时随机器负载浮动，这类单元格不做输出比对。）
+
+# %% tags=["nbval-ignore-output"]
+import inspect
+
+import ipywidgets as W
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from IPython.display import Markdown, display
+
+from minibatch import LLM, SamplingParams
+from minibatch.sim import RooflineCostModel, available_hardware, get_hardware, get_model_spec, make_cost_model
+
+torch.set_num_threads(1)          # one thread: steadier CPU step times on a shared machine
+plt.rcParams["figure.dpi"] = 90
+rng = np.random.default_rng(0)
+
+llm = LLM(model="tiny", max_num_seqs=64, max_num_batched_tokens=4096)
+
+
+def generate_and_steps(prompts, max_tokens):
+    """Run prompts (token-id lists) to completion; return the engine's new StepRecords."""
+    n0 = len(llm.engine.steps)
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    return llm.engine.steps[n0:]
+
+
+generate_and_steps([rng.integers(5, 4000, 16).tolist()], 4)          # warm-up
+steps = generate_and_steps([rng.integers(5, 4000, 256).tolist()], 16)
+for st in steps[:4]:
+    print(f"step {st.step}: prefill tokens {st.num_prefill_tokens:3d}, decode seqs {st.num_decode_seqs}, "
+          f"{st.duration * 1e3:6.1f} ms")
+print(f"... {len(steps)} steps in all: 1 prefill + {len(steps) - 1} decode steps")
+
+# %% tags=["nbval-ignore-output"]
+t_pre = steps[0].duration
+t_dec = np.median([st.duration for st in steps[1:]])
+display(Markdown(f"这次运行里，Prefill 一步处理 {steps[0].num_prefill_tokens} 个 Token 用了 {t_pre * 1e3:.0f} ms，"
+                 f"每个 Decode 步只处理 1 个 Token，用了 {t_dec * 1e3:.1f} ms（中位数）。按 Token 算，Prefill 的单 Token 成本是 "
+                 f"{t_pre / steps[0].num_prefill_tokens * 1e3:.2f} ms，Decode 是它的 "
+                 f"{t_dec / (t_pre / steps[0].num_prefill_tokens):.0f} 倍：Decode 一步做的计算很少，却付出了整整一步的固定成本。"))
+
+# %% [markdown]
+# ## 2.2 计算量与访存量：算术强度
+#
+# 一个内核（Kernel）的耗时取决于两件事：做多少浮点运算（FLOPs，记为 $F$），以及要从显存搬多少字节（记为 $B$）。
+# 二者之比是**算术强度（Arithmetic Intensity）**：
+#
+# $$I = \frac{F}{B}\quad(\text{FLOP/Byte}).$$
+#
+# **矩阵乘（GEMM）。** Transformer 每层的 QKV、O、gate/up、down 投影都是 $(M\times k)\cdot(k\times n)$ 的矩阵乘，
+# $M$ 是这一步的 Token 数（Prefill 时是 Prompt 长度之和，Decode 时是批大小 $B$），$b$ 是每个元素的字节数：
+#
+# $$F = 2Mkn,\qquad B = (kn + Mk + Mn)\,b,\qquad I = \frac{2Mkn}{(kn+Mk+Mn)\,b}\;\approx\;\frac{2M}{b}\quad(M\ll k,n).$$
+#
+# fp16（$b=2$）时 $I\approx M$：**Decode 的批大小就是 GEMM 的算术强度**。批为 1 时每读 2 字节权重只做 2 次浮点运算；
+# Prefill 一次处理上千个 Token，强度高达上千。
+#
+# **解码注意力。** 每个序列读取自己长度为 $c$ 的 KV（$K$ 个 KV 头、头维 $d$），与 $H$ 个查询头做点积与加权求和：
+#
+# $$F = 4Hdc,\qquad B \approx 2Kdc\,b,\qquad I \approx \frac{2H}{K\,b}.$$
+#
+# 它与批大小、上下文长度都无关：多头注意力（MHA，$H=K$）在 fp16 下约为 1 FLOP/Byte，分组查询注意力（GQA）按
+# $H/K$ 倍提高。每个序列的 KV 只属于它自己，批处理摊薄不了这部分读取。
+#
+# 代价模型 `RooflineCostModel` 里的 GEMM 正是这样计算的：
+
+# %%
+print(inspect.getsource(RooflineCostModel._gemm))
+print(inspect.getsource(RooflineCostModel.roofline))
+
+# %% [markdown]
+# 用 LLaMA-2-7B 的真实形状算一算：一层里 gate+up 投影（$k=4096,\ n=2\times 11008$）在不同 $M$ 下的算术强度，
+# 以及解码注意力的强度（LLaMA-2-7B 是 MHA；LLaMA-3-8B 是 8 个 KV 头的 GQA）。
+
+# %% tags=["nbval-check-output"]
+spec = get_model_spec("llama-2-7b")
+k, n, b = spec.hidden_size, 2 * spec.intermediate_size, spec.dtype_bytes
+
+
+def gemm_intensity(m, k=k, n=n, b=b):
+    return 2 * m * k * n / ((k * n + m * k + m * n) * b)
+
+
+for m in [1, 8, 64, 256, 2048]:
+    print(f"gate+up GEMM, M={m:5d} tokens: I = {gemm_intensity(m):7.1f} FLOP/B")
+for name in ["llama-2-7b", "llama-3-8b"]:
+    s = get_model_spec(name)
+    print(f"decode attention, {name} (H={s.num_heads}, K={s.num_kv_heads}): I = {2 * s.num_heads / (s.num_kv_heads * s.dtype_bytes):.0f} FLOP/B")
+
+# %% [markdown]
+# ## 2.3 Roofline 模型
+#
+# 硬件有两个上限：峰值算力 $P$（FLOP/s）和显存带宽 $W$（Byte/s）。一个内核要么被算力卡住，要么被带宽卡住，
+# 耗时取两者中较大的那个（Williams et al., *Roofline*, CACM 2009）：
+#
+# $$t = \max\!\left(\frac{F}{P},\; \frac{B}{W}\right), \qquad \text{attainable FLOP/s} = \min(P,\; I\cdot W).$$
+#
+# 两条线的交点叫**脊点（Ridge Point）**：$I^{*} = P/W$。强度低于 $I^{*}$ 的内核是访存受限的，高于它的是算力受限的。
+# 实际内核达不到数据手册的峰值，minibatch 的硬件规格里记录了可达比例（`flop_efficiency`、`bandwidth_efficiency`），
+# 代价模型用的是打折后的“有效”算力与带宽。下面列出几种 GPU 的脊点：
+
+# %% tags=["nbval-check-output"]
+GPUS = ["a10", "l4", "a100-80g", "h100", "h200"]
+print(f"{'gpu':10s} {'TFLOP/s':>8s} {'GB/s':>6s} {'ridge (peak)':>13s} {'ridge (effective)':>18s}")
+for name in GPUS:
+    hw = get_hardware(name)
+    print(f"{name:10s} {hw.peak_flops / 1e12:8.0f} {hw.memory_bandwidth / 1e9:6.0f} "
+          f"{hw.peak_flops / hw.memory_bandwidth:13.0f} {hw.ridge_point:18.0f}")
+
+# %% [markdown]
+# 所有数据中心 GPU 的脊点都在一两百 FLOP/Byte 以上，而批为 1 的解码 GEMM 强度约为 1：解码时 GPU 的算力几乎全部闲置，
+# 时间都花在读权重上。下图把 LLaMA-2-7B 的几个典型内核画到 A10、A100、H100 的 Roofline 上（点画在 A100 的线上）。
+
+# %%
+fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
+I = np.logspace(-1, 4, 300)
+for name, c in [("a10", "C2"), ("a100-80g", "C0"), ("h100", "C3")]:
+    hw = get_hardware(name)
+    ax.loglog(I, np.minimum(hw.effective_flops, I * hw.effective_bandwidth) / 1e12, color=c, label=f"{name} (effective)")
+    ax.axvline(hw.ridge_point, color=c, ls=":", lw=0.8)
+a100 = get_hardware("a100-80g")
+points = {f"decode GEMM B={m}": gemm_intensity(m) for m in [1, 8, 64, 256]}
+points["prefill GEMM 2048 tok"] = gemm_intensity(2048)
+points["decode attention (MHA)"] = 2 * spec.num_heads / (spec.num_kv_heads * spec.dtype_bytes)
+offsets = {"decode GEMM B=64": (-95, 6), "decode GEMM B=256": (-20, -14), "decode attention (MHA)": (4, -12)}
+for label, x in points.items():
+    y = min(a100.effective_flops, x * a100.effective_bandwidth) / 1e12
+    ax.plot(x, y, "o", color="k", ms=4)
+    ax.annotate(label, (x, y), textcoords="offset points", xytext=offsets.get(label, (4, 4)), fontsize=7)
+ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+ax.set_ylabel("attainable TFLOP/s")
+ax.set_title("Roofline (effective peaks); dotted lines: ridge points; points: llama-2-7b kernels", fontsize=9)
+ax.legend(fontsize=7, loc="lower right")
+ax.grid(alpha=0.3, which="both")
+plt.show()
+
+# %% [markdown]
+# ## 2.4 实测：CPU 上的真实小模型
+#
+# 理论讲完，动手测。我们让 `tiny` 模型在 CPU 上解码，分别改变批大小与上下文长度，读取引擎记录的每步耗时
+# （`LLMEngine.steps` 里的 `StepRecord`），取纯解码步的中位数。
+#
+# **实验 A：批大小。** 每个批里的请求都有 32 个 Token 的 Prompt，生成 12 个 Token，批大小从 1 到 64。
+
+# %% tags=["nbval-ignore-output"]
+def decode_step_time(batch, prompt_len, max_tokens=12):
+    steps = generate_and_steps([rng.integers(5, 4000, prompt_len).tolist() for _ in range(batch)], max_tokens)
+    dec = [st.duration for st in steps if st.num_prefill_tokens == 0 and st.num_decode_seqs == batch]
+    pre = [st.duration for st in steps if st.num_prefill_tokens > 0]
+    return float(np.median(dec)), float(sum(pre))
+
+
+BATCHES = [1, 2, 4, 8, 16, 32, 64]
+cpu_batch = {B: decode_step_time(B, 32)[0] for B in BATCHES}
+for B, t in cpu_batch.items():
+    print(f"B={B:3d}: {t * 1e3:6.1f} ms/step -> {B / t:7.0f} tokens/s")
+
+# %% [markdown]
+# **实验 B：上下文长度。** 批大小固定为 4，Prompt 长度从 32 到 768（`tiny` 的最大长度是 1024），
+# 同时记下 Prefill 一步的耗时。
+
+# %% tags=["nbval-ignore-output"]
+CONTEXTS = [32, 128, 256, 512, 768]
+cpu_ctx = {P: decode_step_time(4, P) for P in CONTEXTS}
+for P, (t_dec, t_pre) in cpu_ctx.items():
+    print(f"context {P:4d}: decode {t_dec * 1e3:6.1f} ms/step; prefill of 4x{P} tokens {t_pre * 1e3:7.1f} ms "
+          f"({t_pre / (4 * P) * 1e3:.3f} ms/token)")
+
+# %%
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
+Bs = np.array(BATCHES)
+ts = np.array([cpu_batch[B] for B in BATCHES])
+ax1.plot(Bs, ts * 1e3, "o-", color="C0", label="step time")
+ax1.set_xscale("log", base=2)
+ax1.set_xlabel("batch size (decode sequences)")
+ax1.set_ylabel("ms per decode step", color="C0")
+ax1b = ax1.twinx()
+ax1b.plot(Bs, Bs / ts, "s--", color="C1", label="tokens/s")
+ax1b.set_ylabel("output tokens/s", color="C1")
+ax1.set_title("tiny on CPU: decode step vs batch size (measured)", fontsize=9)
+ax1.grid(alpha=0.3)
+Ps = np.array(CONTEXTS)
+ax2.plot(Ps, [cpu_ctx[P][0] * 1e3 for P in CONTEXTS], "o-", color="C0")
+ax2.set_xlabel("context length (tokens), batch 4")
+ax2.set_ylabel("ms per decode step")
+ax2.set_title("tiny on CPU: decode step vs context (measured)", fontsize=9)
+ax2.grid(alpha=0.3)
+plt.show()
+
+# %% tags=["nbval-ignore-output"]
+slope, intercept = np.polyfit(Bs, ts, 1)
+tiny, cpu = get_model_spec("tiny"), get_hardware("cpu")
+display(Markdown(
+    f"线性拟合 $t_{{\\text{{step}}}}(B) \\approx a + bB$ 得到 $a \\approx$ {intercept * 1e3:.1f} ms、"
+    f"$b \\approx$ {slope * 1e3:.2f} ms/序列：批从 1 增到 {BATCHES[-1]}，单步只慢了 "
+    f"{cpu_batch[BATCHES[-1]] / cpu_batch[1]:.1f} 倍，吞吐却涨了 {BATCHES[-1] * cpu_batch[1] / cpu_batch[BATCHES[-1]]:.0f} 倍。"
+    f"注意 CPU 上的 `tiny` 与 GPU 上的大模型不是一回事：`tiny` 的权重只有 {tiny.weight_bytes / 2**20:.1f} MiB，"
+    f"按一台普通服务器约 {cpu.memory_bandwidth / 1e9:.0f} GB/s 的内存带宽，读一遍只要约 "
+    f"{tiny.weight_bytes / cpu.effective_bandwidth * 1e3:.2f} ms；实测的固定成本主要是 Python 调度、算子启动与"
+    f"逐层的小矩阵开销。道理相同——每一步有一份与批大小无关的固定成本，批越大摊得越薄——只是 GPU 上这份固定成本的主体是读权重。"))
+
+# %% [markdown]
+# ## 2.5 预测：LLaMA-7B 在 A100 / H100 上
+#
+# 没有 GPU 也能预测：代价模型 `RooflineCostModel` 对一步里的每个内核套用 Roofline，再加上每步的固定开销（调度、
+# 准备输入、启动内核，GPU 引擎用 CUDA Graph 时约 1–3 ms）。`breakdown()` 给出每一部分的秒数，加起来就是
+# `step_time()`。先看 A100 上批大小 1 与 128 的解码步（每个序列有 512 Token 的上下文）：
+
+# %% tags=["nbval-check-output"]
+cms = {name: make_cost_model("llama-2-7b", name) for name in ["a100-80g", "h100"]}
+for B in [1, 128]:
+    parts = cms["a100-80g"].breakdown([], [512] * B)
+    print(f"A100, B={B:3d}: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in parts.items() if v) +
+          f"  -> total {sum(parts.values()) * 1e3:.2f} ms")
+
+# %% [markdown]
+# 批从 1 增到 128，GEMM 的时间几乎不变（仍在读同一份权重），增加的主要是解码注意力——每个序列都要读自己的 KV。
+# 下面把 CPU 实测与 GPU 预测放在一张图上：左图是相对单步耗时 $t(B)/t(1)$（不同模型、不同硬件可以直接比较），
+# 右图是吞吐。
+
+# %%
+GPU_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+gpu_step = {name: np.array([cm.step_time([], [512] * B) for B in GPU_BATCHES]) for name, cm in cms.items()}
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9.5, 3.6), layout="constrained")
+ax1.plot(Bs, ts / ts[0], "o-", color="C2", label="tiny on CPU (measured)")
+gb = np.array(GPU_BATCHES)
+for (name, t), c in zip(gpu_step.items(), ["C0", "C3"]):
+    ax1.plot(gb, t / t[0], "s-", color=c, label=f"llama-2-7b on {name} (model, ctx 512)")
+    ax2.plot(gb, gb / t, "s-", color=c, label=f"llama-2-7b on {name} (model)")
+ax2.plot(Bs, Bs / ts, "o-", color="C2", label="tiny on CPU (measured)")
+ax1.plot(gb, gb, color="gray", ls=":", lw=1, label="no sharing: t grows like B")
+for ax in (ax1, ax2):
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size (decode sequences)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+ax1.set_ylim(0.8, 600)
+ax1.set_ylabel("step time relative to batch 1")
+ax2.set_ylabel("output tokens/s")
+ax1.set_title("Decode step time vs batch size", fontsize=9)
+ax2.set_title("Decode throughput vs batch size", fontsize=9)
+plt.show()
+
+# %% [markdown]
+# **“几乎免费”在哪里结束？** 有两处。第一，GEMM 的强度 $I\approx B$ 越过脊点后变成算力受限，之后每多一个序列都要
+# 多付一份算力时间。下面对 LLaMA-2-7B 的四个投影求出这个临界批大小（第一个让 $F/P \ge B/W$ 的 $M$）：
+
+# %% tags=["nbval-check-output"]
+def compute_bound_from(cm):
+    """Smallest token count M at which every per-layer GEMM of the model is compute-bound."""
+    m = 1
+    while any(2 * m * kk * nn / cm.flops < (kk * nn + m * kk + m * nn) * cm.model.dtype_bytes / cm.bandwidth
+              for kk, nn in cm._layer_gemms):
+        m += 1
+    return m
+
+
+for name in ["a10", "a100-80g", "h100"]:
+    cm = make_cost_model("llama-2-7b", name)
+    print(f"{name:9s}: GEMMs turn compute-bound at M = {compute_bound_from(cm)} tokens per step "
+          f"(effective ridge {cm.hardware.ridge_point:.0f} FLOP/B)")
+
+# %% [markdown]
+# 第二处是 **KV Cache 的读取量**。解码注意力的字节数正比于 $B\times c$，批大、上下文长时它会超过权重本身；
+# 对 MHA 模型，它往往比 GEMM 的临界点来得更早。下面先求出上下文 512 时注意力耗时超过 GEMM 的批大小，再固定批大小 64，
+# 看上下文从 256 增到 4096 时 A100 上一步的构成：
+
+# %% tags=["nbval-check-output"]
+cm = cms["a100-80g"]
+print(f"weights: {spec.weight_bytes / 1e9:.1f} GB; KV per token: {spec.kv_bytes_per_token / 2**20:.2f} MiB")
+cross = next(B for B in range(1, 1024)
+             if (p := cm.breakdown([], [512] * B))["attention_decode"] > p["gemm"])
+print(f"context 512: decode attention takes longer than the GEMMs from B = {cross} on")
+for c in [256, 1024, 4096]:
+    p = cm.breakdown([], [c] * 64)
+    kv_gb = 64 * c * spec.kv_bytes_per_token / 1e9
+    print(f"B=64, context {c:4d}: KV read {kv_gb:5.1f} GB | gemm {p['gemm'] * 1e3:5.1f} ms, "
+          f"attention {p['attention_decode'] * 1e3:5.1f} ms, total {sum(p.values()) * 1e3:5.1f} ms "
+          f"-> {64 / sum(p.values()):5.0f} tok/s")
+
+# %% [markdown]
+# 上下文变长后，注意力成了一步里的大头，吞吐随之下降：这时再加大批并不能摊薄什么，因为每个序列的 KV 都得单独读。
+# 这也是 GQA（更少的 KV 头）、KV 量化和 PagedAttention 这类技术的价值所在（第 6、7 章）。
+#
+# ## 2.6 Prefill 与 Decode 同批：搭车与卡顿
+#
+# Prefill 的 GEMM 强度很高，本身就是算力受限的。如果把一批解码序列与一段 Prefill 放进同一步，解码序列几乎是
+# “搭便车”；反过来，解码序列这一步的 TPOT 被拉长到了 Prefill 的时长。
+
+# %% tags=["nbval-check-output"]
+t_p = cm.step_time([(512, 512)], [])
+t_d = cm.step_time([], [512] * 32)
+t_mix = cm.step_time([(512, 512)], [512] * 32)
+print(f"A100, llama-2-7b: prefill 512 tokens {t_p * 1e3:.1f} ms; decode step of 32 seqs {t_d * 1e3:.1f} ms")
+print(f"mixed step (prefill 512 + 32 decodes): {t_mix * 1e3:.1f} ms "
+      f"= prefill + {(t_mix - t_p) * 1e3:.1f} ms (vs {t_d * 1e3:.1f} ms run separately)")
+print(f"prefill of 2048 tokens: {cm.step_time([(2048, 2048)], []) * 1e3:.0f} ms "
+      f"= {cm.step_time([(2048, 2048)], []) / t_d:.0f} decode steps of 32")
+
+# %% [markdown]
+# 一个 2048 Token 的长 Prompt 会让同批里所有正在解码的请求“卡”一大步，这就是 TPOT 长尾的来源之一。
+# 分块预填充（Chunked Prefill）把长 Prompt 切成小块、每步只做一块，兼顾两者（Sarathi-Serve, Agrawal et al., OSDI'24；
+# 第 11 章）。
+#
+# ## 2.7 交互：一步的耗时分解
+#
+# 选择模型、硬件（`Nx` 前缀表示 N 路张量并行）、解码批大小、上下文长度和同批的 Prefill Token 数，看代价模型给出的
+# 分解。试试：批大小从 1 拖到 512；把上下文拉长；把 LLaMA-2-7B 换成 GQA 的 LLaMA-3-8B；把 A100 换成 H100 或 4×A10。
+
+# %% tags=["nbval-ignore-output"]
+HW_CHOICES = ["a10", "2xa10", "4xa10", "l4", "a100-40g", "a100-80g", "h100", "h200", "2xa100-80g", "8xh100"]
+
+
+def show_breakdown(model="llama-2-7b", hardware="a100-80g", batch=32, context=512, prefill_tokens=0):
+    try:
+        cm = make_cost_model(model, hardware)
+        cm.kv_capacity_tokens()                           # raises if the weights do not fit
+    except ValueError as e:
+        print(e)
+        return
+    prefill = [(prefill_tokens, prefill_tokens)] if prefill_tokens else []
+    parts = cm.breakdown(prefill, [context] * batch)
+    total = sum(parts.values())
+    fig, ax = plt.subplots(figsize=(7, 2.2), layout="constrained")
+    left = 0.0
+    for i, (kk, v) in enumerate(parts.items()):
+        ax.barh(0, v * 1e3, left=left, color=f"C{i}", label=f"{kk} {v * 1e3:.2f} ms")
+        left += v * 1e3
+    ax.set_yticks([])
+    ax.set_xlabel("ms per step")
+    ax.set_title(f"{model} on {hardware}: {total * 1e3:.2f} ms/step, {batch / total:.0f} decode tok/s", fontsize=9)
+    ax.legend(fontsize=7, ncols=3, loc="upper center", bbox_to_anchor=(0.5, -0.45))
+    plt.show()
+    kv_need = batch * context
+    print(f"KV needed {kv_need:,} tokens of {cm.kv_capacity_tokens():,} available"
+          + ("  <- does not fit: the batch would be preempted" if kv_need > cm.kv_capacity_tokens() else ""))
+
+
+W.interact(show_breakdown,
+           model=W.Dropdown(options=["llama-2-7b", "llama-3-8b", "llama-2-13b", "mistral-7b", "llama-2-70b"]),
+           hardware=W.Dropdown(options=HW_CHOICES, value="a100-80g"),
+           batch=W.IntSlider(value=32, min=1, max=512, step=1),
+           context=W.IntSlider(value=512, min=16, max=8192, step=16),
+           prefill_tokens=W.IntSlider(value=0, min=0, max=4096, step=64));
+
+# %% [markdown]
+# ## 本章小结
+#
+# - Prefill 一次处理整个 Prompt，GEMM 的算术强度约等于 Token 数，是算力受限的，决定 TTFT；Decode 每步每序列只处理
+#   1 个 Token，强度约等于批大小，是访存受限的，决定 TPOT。
+# - Roofline：$t=\max(F/P,\,B/W)$，脊点 $I^*=P/W$。数据中心 GPU 的脊点在一两百 FLOP/Byte 以上，批为 1 的解码离它很远。
+# - 解码批处理“几乎免费”：$B$ 个序列共用一次权重读取，单步时间增长远慢于 $B$，吞吐近似线性增长。CPU 上的 `tiny`
+#   实测与 A100/H100 上的模型预测呈现同样的形状。
+# - “免费”有两个终点：GEMM 强度越过脊点后变成算力受限；KV Cache 的读取量（$\propto B\times c$）超过权重后，
+#   加大批不再摊薄成本。对 MHA 模型和几百 Token 以上的上下文，后者往往先到，而且受显存容量限制（第 6 章）。
+# - Prefill 与 Decode 同批时，解码可以搭车，但会被长 Prefill 拖慢，这是分块预填充要解决的问题（第 11 章）。
+#
+# ## 练习
+#
+# 1. **手算强度。** 对 LLaMA-2-13B 的 down 投影（$k=13824,\ n=5120$），分别在 $M=1$、$M=64$、$M=4096$ 时计算算术强度，
+#    并判断在 A10 与 H100 上它是算力受限还是访存受限。用 `make_cost_model("llama-2-13b", "h100")._gemm` 验证你的耗时估算。
+# 2. **GQA 的收益。** 用 2.5 节最后一个单元格的方法，比较 LLaMA-2-7B（MHA）与 LLaMA-3-8B（GQA，8 个 KV 头）在 A100 上、
+#    批大小 64、上下文 4096 时的单步耗时与吞吐。差距主要来自哪一项？
+# 3. **CPU 的脊点。** 查一查你自己机器的内存带宽与浮点峰值（或用 `get_hardware("cpu")` 的粗略值），算出它的脊点。
+#    为什么 `tiny` 在 CPU 上的实测曲线在批大小很小时就开始明显上升？（提示：对比 2.4 节实测的固定成本与读权重的时间。）
+# 4. **拟合代价模型。** 运行 `python -m minibatch profile --model tiny --out /tmp/tiny-cpu.json`，它会在真实引擎上测量
+#    各种批组合的单步耗时并拟合一个线性代价模型（`FittedCostModel`）。它的 `decode_seqs` 与 `decode_ctx` 系数分别对应
+#    本章实验 A、B 中的哪一条斜率？
+# 5. **Prefill 的临界长度。** 在 A100 上，一个多长的 Prompt 的 Prefill 时间等于一次批大小 32 的解码步？在交互控件里
+#    找出这个长度，并解释为什么答案接近第 2.5 节求出的 GEMM 临界 $M$。
