@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 # The CPU build of torch that this project is developed and tested with.
 TORCH_SPEC ?= torch==2.13.0
 
+# Spinning OpenMP threads slow torch down badly whenever processes share the cores.
+export OMP_WAIT_POLICY ?= PASSIVE
+
 .PHONY: setup course test bench clean
 
 $(BIN)/python:

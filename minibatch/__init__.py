@@ -7,12 +7,20 @@ The offline API follows vLLM's::
     outs = llm.generate(["hello"], SamplingParams(temperature=0.0, max_tokens=32))
 """
 
-from minibatch.config import EngineConfig
-from minibatch.engine import LLMEngine
-from minibatch.llm import LLM
-from minibatch.model.loader import tiny_model_path
-from minibatch.request import CompletionOutput, RequestMetrics, RequestOutput, RequestStatus
-from minibatch.sampling_params import SamplingParams
+import os
+
+# OpenMP threads that spin while waiting make every torch op dozens of times slower as
+# soon as another busy process shares the cores (a notebook kernel beside a server, a
+# test run beside a build). Passive waiting costs little when the machine is idle.
+# It only takes effect if torch has not been imported yet; set it yourself to override.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from minibatch.config import EngineConfig  # noqa: E402
+from minibatch.engine import LLMEngine  # noqa: E402
+from minibatch.llm import LLM  # noqa: E402
+from minibatch.model.loader import tiny_model_path  # noqa: E402
+from minibatch.request import CompletionOutput, RequestMetrics, RequestOutput, RequestStatus  # noqa: E402
+from minibatch.sampling_params import SamplingParams  # noqa: E402
 
 TINY_MODEL_PATH = tiny_model_path()
 
