@@ -20,10 +20,13 @@ from minibatch.engine import LLMEngine  # noqa: E402
 from minibatch.llm import LLM  # noqa: E402
 from minibatch.model.loader import tiny_model_path  # noqa: E402
 from minibatch.request import CompletionOutput, RequestMetrics, RequestOutput, RequestStatus  # noqa: E402
+from minibatch.results import RequestRecord, RunResult  # noqa: E402
+from minibatch.runner import RunController, run  # noqa: E402
 from minibatch.sampling_params import SamplingParams  # noqa: E402
 
 TINY_MODEL_PATH = tiny_model_path()
 
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput", "CompletionOutput",
-           "RequestMetrics", "RequestStatus", "TINY_MODEL_PATH"]
+           "RequestMetrics", "RequestStatus", "TINY_MODEL_PATH", "run", "RunResult", "RunController",
+           "RequestRecord"]
 __version__ = "0.1.0"
