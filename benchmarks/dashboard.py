@@ -68,7 +68,8 @@ def bench_tiny(runs: int, n: int) -> dict:
     lv = statistics.median(x for x, _ in live)
     hw = statistics.median(w for _, w in head)
     lw = statistics.median(w for _, w in live)
-    return {"requests": len(wl), "headless_tok_s": h, "dashboard_tok_s": lv, "ratio": lv / h,
+    best = max(x for x, _ in live) / max(x for x, _ in head)
+    return {"requests": len(wl), "headless_tok_s": h, "dashboard_tok_s": lv, "ratio": lv / h, "best_ratio": best,
             "headless_wall_tok_s": hw, "dashboard_wall_tok_s": lw, "wall_ratio": lw / hw,
             "dashboard_frames_per_s": statistics.median(fps), "runs": {"headless": head, "dashboard": live}}
 
@@ -101,6 +102,8 @@ def main(argv=None) -> int:
     print(f"  dashboard frames/s {tiny['dashboard_frames_per_s']:.1f}")
     print(f"  dashboard / headless = {tiny['ratio']:.2f} (engine time), {tiny['wall_ratio']:.2f} (wall); "
           f"limit >= 0.80 -> {'PASS' if tiny['ratio'] >= 0.8 else 'FAIL'}")
+    print(f"  best of {args.runs}: dashboard / headless = {tiny['best_ratio']:.2f} "
+          "(less sensitive to other load on a shared machine)")
     sim = bench_sim(args.sim_speed)
     print(f"simulator llama-2-7b/a100-80g, {sim['requests']} requests, {sim['virtual_s']:.1f} s virtual in "
           f"{sim['wall_s']:.1f} s wall (speed {args.sim_speed:g}x):")

@@ -2,7 +2,7 @@
 
 ``Dashboard``: one run with its knobs and a live figure; ``Compare``: two configurations
 on the same workload, side by side, and their difference. ``LiveRun`` / ``LivePlot`` are
-the building blocks (a steerable run in a thread; an Agg figure rendered to PNG).
+the building blocks (a steerable run in a thread; an Agg figure rendered to JPEG frames).
 """
 
 from minibatch.widgets.compare import Compare

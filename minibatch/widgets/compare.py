@@ -44,7 +44,8 @@ class Compare:
         overrides = {"A": a or {}, "B": b or {}}
         self.sides = {s: C.build_controls({**engine_kwargs, **overrides[s]}, side=True) for s in SIDES}
         self.plots = {s: LivePlot(COMPACT_PANELS, ncols=2, figsize=(5.6, 4.2), title=f"run {s}") for s in SIDES}
-        self.images = {s: W.Image(format="png", layout=W.Layout(width="50%", max_width="560px")) for s in SIDES}
+        self.images = {s: W.Image(format=LivePlot.FORMAT, layout=W.Layout(width="50%", max_width="560px"))
+                       for s in SIDES}
         self.runs: dict[str, LiveRun] = {}
         self.results: dict = {}
         self.button = W.Button(description="Run both", button_style="success", icon="play")
@@ -66,7 +67,7 @@ class Compare:
         self.widget = self._layout()
         for s in SIDES:
             self.plots[s].reset(1.0, window)
-            self.images[s].value = self.plots[s].png()
+            self.images[s].value = self.plots[s].frame()
 
     def _layout(self) -> W.VBox:
         c = self.controls
@@ -157,7 +158,7 @@ class Compare:
         runs = self.runs
         if not self._started:
             for s in SIDES:
-                self.images[s].value = self.plots[s].png()
+                self.images[s].value = self.plots[s].frame()
             self._started = True
             runs["A"].start()
             if not self._sequential:
@@ -168,7 +169,7 @@ class Compare:
             if r.wall_start is None:
                 continue
             if self.plots[s].update(r.data, final=r.finished):
-                self.images[s].value = self.plots[s].png()
+                self.images[s].value = self.plots[s].frame()
         self.status.value = " &middot; ".join(f"{s}: <b>{runs[s].state}</b>, {len(runs[s].data.done_t)}/"
                                               f"{len(runs[s].workload)} finished" for s in SIDES)
         if all(r.finished for r in runs.values()):

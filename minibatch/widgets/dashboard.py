@@ -107,7 +107,7 @@ class Dashboard:
         self.buttons["pause"].on_click(lambda _: self.toggle_pause())
         self.buttons["reset"].on_click(lambda _: self.reset())
         self.status = W.HTML(value="ready")
-        self.image = W.Image(format="png", layout=W.Layout(width="100%", max_width="960px"))
+        self.image = W.Image(format=LivePlot.FORMAT, layout=W.Layout(width="100%", max_width="960px"))
         self.summary = W.HTML(value="")
         self.plot = LivePlot(DASHBOARD_PANELS)
         self.live: LiveRun | None = None
@@ -121,7 +121,7 @@ class Dashboard:
             w.observe(functools.partial(self._on_control, name), names="value")
         self.widget = self._layout()
         self._reset_plot()
-        self.image.value = self.plot.png()
+        self.image.value = self.plot.frame()
 
     # -- layout ----------------------------------------------------------------------------
     def _layout(self) -> W.VBox:
@@ -245,7 +245,7 @@ class Dashboard:
         self.summary.value = ""
         self.error_area.clear()
         self._reset_plot()
-        self.image.value = self.plot.png()
+        self.image.value = self.plot.frame()
         self.status.value = "ready"
 
     def wait(self, timeout: float | None = None):
@@ -294,14 +294,14 @@ class Dashboard:
         final = live.finished
         if live.state == "ready":                        # first frame, then the run
             with self._render_lock:
-                self.image.value = self.plot.png()
+                self.image.value = self.plot.frame()
             live.start()
             return True
         if not self._render_failed:
             try:
                 with self._render_lock:
                     if self.plot.update(live.data, final=final):
-                        self.image.value = self.plot.png()
+                        self.image.value = self.plot.frame()
                         self.renders += 1
                         self.render_times.append(time.perf_counter())
             except Exception as e:   # noqa: BLE001  (shown once; the run goes on without a plot)
