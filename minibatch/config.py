@@ -15,7 +15,7 @@ class EngineConfig:
     """Every knob of the engine.
 
     KV cache size: ``num_kv_blocks`` if given; else ``kv_cache_memory_bytes`` (a budget
-    in bytes) divided by the bytes of one block; else a default budget (1 GiB on CPU,
+    in bytes) divided by the bytes of one block; else a default budget (256 MiB on CPU,
     ``gpu_memory_utilization`` of the free GPU memory on CUDA).
     """
 
