@@ -225,6 +225,41 @@ display(Markdown(
     f"块表却长到每条序列 {sweep[1]['entries']:.0f} 项——在真实 GPU 上，这会让内核每次只读一个 Token 的 KV。"))
 
 # %% [markdown]
+# **动手**：下面的 KV 池固定为 768 个槽位，块大小可调（块数 = 768 / 块大小）。8 个长度各异的请求在模拟器里一起运行，
+# 拖动 `steps` 看块表如何随解码增长，换一个块大小看浅红色的末块浪费如何变化；打开 `prefix_caching`，
+# 前 4 个请求以同一段 24 Token 的前缀开头（q0 先到一步），观察绿色的共享块（块越大，24 Token 里能整块共享的越少）。
+
+# %% tags=["nbval-ignore-output"]
+import ipywidgets as widgets
+from minibatch import EngineConfig
+
+
+def block_map_demo(block_size=16, steps=12, prefix_caching=False):
+    cfg = EngineConfig.from_kwargs(executor="sim", model="llama-2-7b", hardware="a10", block_size=block_size,
+                                   num_kv_blocks=768 // block_size, enable_prefix_caching=prefix_caching)
+    demo = LLMEngine(cfg, clock="virtual")
+    g = np.random.default_rng(1)
+    system_prompt = g.integers(5, 30000, 24).tolist()
+    for i in range(8):
+        own = g.integers(5, 30000, int(g.integers(6, 50))).tolist()
+        ids = system_prompt + own if i < 4 else own
+        demo.add_request(ids, SamplingParams(temperature=0.0, max_tokens=int(g.integers(10, 60)), ignore_eos=True),
+                         request_id=f"q{i}")
+        if i == 0:
+            demo.step()     # q0's prefix is computed (and cached) before the others arrive
+    for _ in range(steps):
+        if demo.has_unfinished_requests():
+            demo.step()
+    reserved, internal = demo.kv.waste_slots(demo.scheduler.running)
+    print(f"block_size {block_size}: {demo.kv.num_used_blocks}/{demo.kv.num_blocks} blocks used, "
+          f"{internal} empty slots in last blocks, {demo.num_running} running, {demo.num_waiting} waiting")
+    display(kv_block_map(demo, figsize=(9, 3), max_legend=10))
+
+
+widgets.interact(block_map_demo, block_size=widgets.SelectionSlider(options=[4, 8, 16, 32, 64], value=16),
+                 steps=widgets.IntSlider(value=12, min=0, max=70), prefix_caching=False);
+
+# %% [markdown]
 # ## 7.4 块的共享：引用计数、前缀缓存与写时复制
 #
 # 分页之后，“两条序列共享一段 KV”变得很自然：让它们的块表指向同一批物理块，并给每个块记一个**引用计数**
