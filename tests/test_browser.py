@@ -144,6 +144,7 @@ def test_dashboard_in_jupyterlab(jupyterlab):
                         ".includes('last change: policy=' + p)", arg=[other])
             src1 = img.get_attribute("src")
             _wait(page, "([s]) => document.querySelector('.jp-OutputArea img').src !== s", arg=[src1])
+            page.wait_for_timeout(3000)                       # a few more seconds of the run on screen
             page.screenshot(path=str(artifacts / "dashboard.png"), full_page=True)
             text = page.locator(".jp-OutputArea").first.inner_text()
             assert f"last change: policy={other}" in text

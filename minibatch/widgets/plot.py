@@ -193,7 +193,7 @@ class LivePlot:
         for key, ax in self.axes.items():
             if key == "kv":
                 continue
-            top = max(np.nanmax(line.get_ydata(), initial=0.0) for line in ax.get_lines() if line.get_animated())
+            top = max(np.nanmax(self.lines[sid].get_ydata(), initial=0.0) for sid, *_ in PANELS[key][2])
             if top > self.ymax[key]:
                 log = key in LOG_Y
                 self.ymax[key] = 10 ** np.ceil(np.log10(top) + 0.5) if log else _nice_ceil(top * 2.5)
