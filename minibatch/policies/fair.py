@@ -17,10 +17,14 @@ token; ``tenant_weights`` gives weighted VTC). Rules:
   raised to the smallest counter of the other active tenants (those with requests
   waiting or running), so that idling does not bank credit.
 
-Bound (VTC's fairness theorem): two tenants that stay backlogged receive service that
-differs by at most a constant: ``2 * (input_weight * L_in + output_weight * M)``,
-``L_in`` the longest prompt and ``M`` the most tokens a batch can generate in the
-time one request is served; whereas FCFS serves tenants in proportion to their load.
+Bound: Sheng et al. prove that, over any interval in which two tenants are both
+backlogged, the weighted service they receive differs by at most a constant ``2U``
+(``U`` set by the longest prompt and by how many tokens a batch holds), independent of
+the interval's length; FCFS instead serves tenants in proportion to their load, so the
+gap grows without limit. ``tests/test_policy_behaviour.py`` checks the bound
+``2 * (input_weight * longest prompt + output_weight * longest output)`` on a
+simulated overload.
+
 ``served`` keeps each tenant's weighted service without lifts, for measurement.
 Recomputed tokens after a preemption are not charged twice.
 """
