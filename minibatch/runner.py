@@ -13,6 +13,7 @@ each change applies before the next step and is recorded in
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -159,8 +160,9 @@ def run(workload, config: EngineConfig | None = None, clock: str = "virtual", *,
                 time.sleep(0.02)
             for name, value in controller.take():
                 now = clk.now()
-                _apply(engine, arrivals, name, value, now - (0.0 if clk.virtual else t0))
-                reconfigs.append((now, name, value))
+                rel = now - (0.0 if clk.virtual else t0)
+                _apply(engine, arrivals, name, value, rel)
+                reconfigs.append((rel, name, value))
         rel_now = clk.now() - (0.0 if clk.virtual else t0)
         admit(rel_now)
         if not engine.has_unfinished_requests():
@@ -208,7 +210,10 @@ def run(workload, config: EngineConfig | None = None, clock: str = "virtual", *,
         for r in records:      # report wall-clock runs relative to the run's start
             _shift(r, -t0)
     cfg = {k: v for k, v in vars(config).items() if k != "extra"}
-    return RunResult(records, list(engine.steps), cfg, reconfigs, engine.kv.num_blocks,
+    steps = list(engine.steps)
+    if not clk.virtual:
+        steps = [dataclasses.replace(st, start_time=st.start_time - t0) for st in steps]
+    return RunResult(records, steps, cfg, reconfigs, engine.kv.num_blocks,
                      time.perf_counter() - wall0, extra={"not_submitted": len(arrivals.pending)})
 
 
