@@ -206,3 +206,89 @@ def test_switching_policy_mid_run(first):
     assert seen[0] == first
     for k, name in enumerate(names, start=1):
         assert seen[7 * k] == name
+
+
+# -- the rules, on hand-made states ----------------------------------------------------------------
+def _r(rid, prompt_len=8, max_tokens=8, arrival=0.0, **kw):
+    from minibatch.request import Request
+
+    return Request(rid, [1] * prompt_len, SamplingParams(max_tokens=max_tokens), arrival, **kw)
+
+
+def _state(now, running=(), waiting=(), max_num_seqs=8):
+    from minibatch.policies import SchedulerState
+
+    return SchedulerState(now, list(running), list(waiting), max_num_seqs, 2048, 0.0, None)
+
+
+def test_sjf_uses_the_predictor_and_ages():
+    from minibatch.policies.sjf import SJFPolicy
+
+    a, b = _r("a", max_tokens=100, arrival=0.0), _r("b", max_tokens=10, arrival=1.0)
+    assert [r.request_id for r in SJFPolicy().schedule_order(_state(1.0, waiting=[a, b]))] == ["b", "a"]
+    flipped = SJFPolicy(predictor=lambda r: 1000 - r.sampling_params.max_tokens)
+    assert [r.request_id for r in flipped.schedule_order(_state(1.0, waiting=[a, b]))] == ["a", "b"]
+    # key = remaining - 50 tok/s * waited: the older a (108 left) ranks ahead of b (18 left)
+    # when it arrived more than (108 - 18) / 50 = 1.8 s before b.
+    aged = SJFPolicy(aging_tokens_per_s=50.0)
+    b17, b19 = _r("b", max_tokens=10, arrival=1.7), _r("b", max_tokens=10, arrival=1.9)
+    assert [r.request_id for r in aged.schedule_order(_state(2.0, waiting=[a, b17]))] == ["b", "a"]
+    assert [r.request_id for r in aged.schedule_order(_state(2.0, waiting=[a, b19]))] == ["a", "b"]
+
+
+def test_mlfq_demotes_after_its_quantum_and_promotes_the_starving():
+    from minibatch.policies.mlfq import MLFQPolicy
+
+    p = MLFQPolicy(base_quantum=2, prompt_tokens_per_iteration=128, starve_limit_s=5.0)
+    a, b = _r("a", arrival=0.0), _r("b", arrival=0.5)
+    p.schedule_order(_state(0.0, waiting=[a]))
+    assert a.policy_state["mlfq_level"] == 0
+    for t in (1, 2):                                   # two tokens: level 0's quantum is used up
+        a.output_token_ids.append(5)
+        p.on_step([(a, 1)], float(t))
+    assert a.policy_state["mlfq_level"] == 1
+    order = p.schedule_order(_state(2.0, running=[a], waiting=[b]))
+    assert [r.request_id for r in order] == ["b", "a"]   # the newcomer at level 0 preempts a
+    assert [r.request_id for r in p.schedule_order(_state(7.5, running=[a], waiting=[b]))][0] == "b"
+    assert a.policy_state["mlfq_level"] == 0 and p.num_promotions == 1   # a waited > 5 s unserved
+
+
+def test_priority_is_preemptive_and_ages():
+    from minibatch.policies.priority import PriorityPolicy
+
+    p = PriorityPolicy(aging_s=4.0)
+    assert p.preemptive
+    low = _r("low", arrival=0.0, priority=2)
+    # A level per 4 s waited: low (class 2) outranks class-0 requests arriving > 8 s after it.
+    high = _r("high", arrival=7.9, priority=0)
+    assert [r.request_id for r in p.schedule_order(_state(9.0, running=[low], waiting=[high]))] == ["high", "low"]
+    high = _r("high", arrival=8.1, priority=0)
+    assert [r.request_id for r in p.schedule_order(_state(9.0, running=[low], waiting=[high]))] == ["low", "high"]
+    strict = PriorityPolicy(aging_s=None)
+    assert [r.request_id for r in strict.schedule_order(_state(99.0, running=[low], waiting=[high]))][0] == "high"
+
+
+def test_static_batch_admits_nobody_until_its_last_member_ends():
+    from minibatch.policies.static import StaticPolicy
+    from minibatch.request import RequestStatus
+
+    p = StaticPolicy()
+    reqs = [_r(f"r{i}") for i in range(5)]
+    assert p.schedule_order(_state(0.0, waiting=reqs, max_num_seqs=3)) == reqs[:3]
+    reqs[0].status = RequestStatus.FINISHED_LENGTH      # finished: its slot pads the batch
+    order = p.schedule_order(_state(1.0, running=reqs[1:3], waiting=reqs[3:], max_num_seqs=3))
+    assert order == reqs[1:3] and p.num_padded_slots == 1
+    order = p.schedule_order(_state(2.0, waiting=reqs[3:], max_num_seqs=3))
+    assert order == reqs[3:] and p.num_padded_slots == 0
+
+
+def test_dynamic_waits_for_the_window_or_a_full_batch():
+    from minibatch.policies.dynamic import DynamicPolicy
+
+    p = DynamicPolicy(max_wait_ms=100)
+    reqs = [_r(f"r{i}", arrival=0.01 * i) for i in range(4)]
+    assert p.schedule_order(_state(0.05, waiting=reqs[:2], max_num_seqs=4)) == []
+    assert p.next_wakeup(_state(0.05, waiting=reqs[:2], max_num_seqs=4)) == pytest.approx(0.1)
+    assert p.schedule_order(_state(0.05, waiting=reqs, max_num_seqs=4)) == reqs      # full batch
+    q = DynamicPolicy(max_wait_ms=100)
+    assert q.schedule_order(_state(0.1, waiting=reqs[:2], max_num_seqs=4)) == reqs[:2]  # window closed
