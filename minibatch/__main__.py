@@ -19,6 +19,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", "--scheduling-policy", dest="policy", default=None)
     p.add_argument("--max-wait", dest="max_wait", default=None, help="batching window, e.g. 30ms or 0.03s")
     p.add_argument("--preemption-mode", choices=["recompute", "swap"], default=None)
+    p.add_argument("--swap-space-blocks", type=int, default=None)
+    p.add_argument("--admission", default=None, help="max_utilization | guaranteed_no_evict | conservative")
+    p.add_argument("--kv-allocator", choices=["paged", "contiguous"], default=None)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--seed", type=int, default=None)
@@ -44,6 +47,7 @@ def parse_duration_ms(text: str | float | None) -> float | None:
 def engine_kwargs(args: argparse.Namespace) -> dict:
     names = ["model", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks",
              "enable_chunked_prefill", "enable_prefix_caching", "policy", "preemption_mode", "device",
+             "swap_space_blocks", "admission", "kv_allocator",
              "dtype", "seed"]
     kw = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     wait = parse_duration_ms(getattr(args, "max_wait", None))

@@ -167,6 +167,8 @@ def run(workload, config: EngineConfig | None = None, clock: str = "virtual", *,
         admit(rel_now)
         if not engine.has_unfinished_requests():
             nxt = arrivals.next_time()
+            if nxt is None:          # the last arrivals were all rejected
+                break
             clk.advance_to(nxt if clk.virtual else t0 + nxt)
             continue
         n_steps = len(engine.steps)

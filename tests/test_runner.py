@@ -168,3 +168,9 @@ def test_controller_from_another_thread_and_stop():
     assert any(r.finish_reason == "abort" for r in res.requests)
     with pytest.raises(ValueError, match="cannot change"):
         ctl.set("block_size", 32)
+
+
+def test_a_workload_whose_last_request_is_rejected_ends_cleanly():
+    wl = Workload([RequestSpec(0.0, 10, 3), RequestSpec(5.0, 9000, 3)])
+    res = run(wl, executor="sim", model="llama-2-7b")
+    assert [r.finish_reason for r in res.requests] == ["length", "rejected"]
