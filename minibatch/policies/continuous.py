@@ -11,6 +11,8 @@ class ContinuousPolicy(Policy):
 
     New requests join the batch at any step and finished ones leave at once; when KV
     runs out the most recently admitted running request is preempted (vLLM's choice).
+    There is no batching window: ``max_wait_ms`` is ignored (vLLM has no such flag; the
+    ``dynamic`` policy is the one that waits).
     """
 
     name = "continuous"
