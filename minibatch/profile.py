@@ -45,8 +45,11 @@ def training_workloads(scale: float = 1.0):
 
     n = max(4, int(24 * scale))
     return [
-        ("decode-heavy", dict(max_num_seqs=64), synthetic(n, float("inf"), input_len=uniform(8, 64),
-                                                          output_len=fixed(48), seed=11)),
+        ("decode-heavy", dict(max_num_seqs=64), synthetic(max(8, int(64 * scale)), float("inf"),
+                                                          input_len=uniform(8, 128), output_len=fixed(40),
+                                                          seed=11)),
+        ("light-load", dict(max_num_seqs=16), synthetic(max(4, n // 2), 4.0, input_len=uniform(16, 160),
+                                                        output_len=uniform(8, 40), seed=15)),
         ("prefill-heavy", dict(max_num_seqs=16, max_num_batched_tokens=512),
          synthetic(n, float("inf"), input_len=uniform(100, 600), output_len=fixed(4), seed=12)),
         ("mixed", dict(max_num_seqs=32, max_num_batched_tokens=256),
