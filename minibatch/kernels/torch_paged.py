@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from minibatch.kernels.reference import gather_kv
 
-MAX_GROUP = 16
+MAX_GROUP = 64
 MAX_PADDING = 1.25    # a group's padded tokens may exceed its real tokens by at most 25%
 
 
