@@ -187,3 +187,23 @@ def test_figures_render_without_pyplot(tiny):
     png = viz.figure_png(viz.gantt(tiny[0]))
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert matplotlib.get_backend()  # any backend: figures never go through pyplot
+
+
+def test_figures_display_as_png_in_ipython_without_a_pyplot_backend():
+    """A bare Figure gets a PNG formatter when minibatch.viz is imported under IPython."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from matplotlib.figure import Figure
+
+    import minibatch.viz as viz
+
+    shell = InteractiveShell.instance()
+    try:
+        png = shell.display_formatter.formatters["image/png"]
+        png.type_printers.pop(Figure, None)
+        viz._show_figures_inline()
+        fig = Figure(figsize=(2, 2))
+        fig.subplots().plot([0, 1], [1, 0])
+        data, _ = shell.display_formatter.format(fig)
+        assert data["image/png"][:4] == b"\x89PNG"
+    finally:
+        InteractiveShell.clear_instance()

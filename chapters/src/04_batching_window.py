@@ -38,7 +38,6 @@ from minibatch.sim import make_cost_model
 from minibatch.viz import gantt
 from minibatch.workload import fixed, lognormal, synthetic, uniform
 
-get_ipython().run_line_magic("matplotlib", "inline")     # so that display(fig) shows minibatch.viz figures
 SIM = dict(executor="sim", model="llama-2-7b", hardware="a100-80g")   # the simulated server of this chapter
 
 

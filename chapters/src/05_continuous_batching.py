@@ -41,7 +41,6 @@ from minibatch.scheduler import Scheduler
 from minibatch.viz import batch_composition, gantt
 from minibatch.workload import fixed, lognormal, synthetic
 
-get_ipython().run_line_magic("matplotlib", "inline")     # so that display(fig) shows minibatch.viz figures
 SIM = dict(executor="sim", model="llama-2-7b", hardware="a100-80g")   # the simulated server of this chapter
 
 

@@ -40,7 +40,6 @@ from minibatch.runner import run
 from minibatch.viz import kv_block_map
 from minibatch.workload import load_workload, lognormal, synthetic
 
-get_ipython().run_line_magic("matplotlib", "inline")     # so that display(fig) shows minibatch.viz figures
 print("Triton interpreter:", triton_decode.interpreting())
 
 # %% [markdown]

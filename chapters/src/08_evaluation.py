@@ -39,7 +39,6 @@ from minibatch.runner import run
 from minibatch.viz import latency_throughput
 from minibatch.workload import load_workload
 
-get_ipython().run_line_magic("matplotlib", "inline")     # so that display(fig) shows minibatch.viz figures
 SLO = {"ttft": 0.8, "tpot": 0.05}      # chapter 1's RAG case: TTFT < 800 ms, TPOT < 50 ms (seconds here)
 print("SLO:", SLO)
 

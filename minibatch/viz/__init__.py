@@ -33,3 +33,36 @@ def figure_png(fig, dpi: int = 80) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
+
+
+def _show_figures_inline() -> None:
+    """In IPython, display a bare ``Figure`` as a PNG even when no pyplot backend is active.
+
+    Our figures never touch pyplot, so without this a notebook shows ``<Figure ...>`` text
+    until someone runs ``%matplotlib inline``. An existing formatter (the inline backend's)
+    is left alone.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    ip = get_ipython()
+    if ip is None:
+        return
+    from matplotlib.figure import Figure
+
+    png = ip.display_formatter.formatters["image/png"]
+    try:
+        png.lookup_by_type(Figure)
+    except KeyError:
+        png.for_type(Figure, lambda fig: _png_tight(fig))
+
+
+def _png_tight(fig) -> bytes:
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return buf.getvalue()
+
+
+_show_figures_inline()
