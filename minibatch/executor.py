@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minibatch import kernels
 from minibatch.config import EngineConfig
 from minibatch.kv_cache import KVCacheManager
 from minibatch.model.llama import AttentionMetadata
@@ -57,6 +58,7 @@ class ModelExecutor:
         self.block_bytes = config.block_size * mc.kv_bytes_per_token(self.dtype.itemsize)
         self.num_kv_blocks = config.num_kv_blocks or self._blocks_from_budget()
         shape = (self.num_kv_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)
+        self.backend = kernels.resolve_backend(config.attention_backend, self.device)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(mc.num_layers)]
@@ -125,7 +127,7 @@ class ModelExecutor:
             prefill_block_tables=table_tensor(pre_tables) if chunks else None,
             prefill_context_lens=torch.tensor(pre_lens, dtype=torch.int32, device=dev) if chunks else None,
             prefill_query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev) if chunks else None,
-            backend=self.config.attention_backend,
+            backend=self.backend,
         )
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
         positions = torch.tensor(pos, dtype=torch.int64, device=dev)

@@ -16,7 +16,8 @@ PROMPT_LENS = (1, BLOCK - 1, BLOCK, BLOCK + 1, 45, 100)
 
 CONFIGS = {
     "serial": dict(max_num_seqs=1),
-    "batched": dict(max_num_seqs=16),
+    "batched": dict(max_num_seqs=16),          # on CPU: the C paged-decode kernel
+    "torch-kernels": dict(max_num_seqs=16, attention_backend="torch"),
     "chunked": dict(max_num_seqs=16, max_num_batched_tokens=24, enable_chunked_prefill=True),
     "unchunked": dict(max_num_seqs=16, max_num_batched_tokens=128, enable_chunked_prefill=False),
     # 14 blocks of 8 tokens hold ~112 tokens: far less than the ~420 the batch needs.

@@ -1,8 +1,15 @@
-"""Paged-KV kernels: a plain torch reference for each, and Triton versions.
+"""Paged-KV kernels: a plain torch reference for each, Triton versions, and a C decode kernel.
 
-``backend=None`` picks Triton on CUDA and torch on CPU; the environment variable
-``MINIBATCH_KERNELS=triton|torch`` overrides the default (Triton on CPU needs
-``TRITON_INTERPRET=1``).
+Backends:
+
+* ``"triton"``: the Triton kernels (the default on CUDA; on CPU only under ``TRITON_INTERPRET=1``);
+* ``"cpu"``: decode attention by the C kernel in ``cpu_paged.c``, which reads K/V from
+  the pages in place (float32); store and prefill use the torch path. The default on
+  CPU whenever the kernel builds;
+* ``"torch"``: plain torch (``torch_paged.py``), gathering pages before attention.
+
+``backend=None`` picks the default; the environment variable
+``MINIBATCH_KERNELS=triton|cpu|torch`` overrides it.
 """
 
 from __future__ import annotations
@@ -17,13 +24,21 @@ from minibatch.kernels.reference import (
     store_kv_ref,
 )
 from minibatch.kernels.torch_paged import paged_decode_attention_torch, paged_prefill_attention_torch
+from minibatch.kernels import cpu_paged
+
+BACKENDS = ("torch", "triton", "cpu")
 
 
 def resolve_backend(backend: str | None, device: torch.device) -> str:
     if backend is None:
-        backend = os.environ.get("MINIBATCH_KERNELS") or ("triton" if device.type == "cuda" else "torch")
-    if backend not in ("torch", "triton"):
-        raise ValueError(f"unknown kernel backend {backend!r}; expected 'torch' or 'triton'")
+        backend = os.environ.get("MINIBATCH_KERNELS")
+    if backend is None:
+        if device.type == "cuda":
+            backend = "triton"
+        else:
+            backend = "cpu" if cpu_paged.available() else "torch"
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {backend!r}; expected one of {', '.join(BACKENDS)}")
     return backend
 
 
@@ -35,9 +50,12 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, backend=None):
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale=None, backend=None):
-    if resolve_backend(backend, q.device) == "triton":
+    backend = resolve_backend(backend, q.device)
+    if backend == "triton":
         from minibatch.kernels import triton_kernels
         return triton_kernels.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+    if backend == "cpu" and cpu_paged.supports(q, k_cache) and cpu_paged.available():
+        return cpu_paged.paged_decode_attention_c(q, k_cache, v_cache, block_tables, context_lens, scale)
     return paged_decode_attention_torch(q, k_cache, v_cache, block_tables, context_lens, scale)
 
 
@@ -52,4 +70,4 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, context_lens, que
 
 __all__ = ["store_kv", "paged_decode_attention", "paged_prefill_attention", "resolve_backend",
            "store_kv_ref", "paged_decode_attention_ref", "paged_prefill_attention_ref",
-           "paged_decode_attention_torch", "paged_prefill_attention_torch"]
+           "paged_decode_attention_torch", "paged_prefill_attention_torch", "BACKENDS"]

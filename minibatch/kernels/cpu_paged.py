@@ -1,0 +1,131 @@
+"""The C paged-decode kernel (``cpu_paged.c``), built on first use and called via ctypes.
+
+No torch headers, no build step at install: the first call compiles the 90-line C file
+with the machine's ``cc`` (about a second) into ``~/.cache/minibatch/`` (or
+``$MINIBATCH_CACHE``), named by a hash of the source, the flags and the CPU, so
+``-march=native`` is always right for the machine that runs it. Where there is no C
+compiler, :func:`available` is False and the engine keeps the plain torch path.
+``MINIBATCH_CPU_KERNEL=0`` turns the kernel off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_paged.c")
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+
+_lib: ctypes.CDLL | None = None
+_tried = False
+build_error: str | None = None   # why the kernel is unavailable, when it is
+
+
+def _cpu_signature() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("MINIBATCH_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "minibatch")
+    return Path(root)
+
+
+def library_path() -> Path:
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + _cpu_signature().encode())
+    return _cache_dir() / f"cpu_paged_{key.hexdigest()[:16]}.so"
+
+
+def _build(target: Path) -> None:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("no C compiler (cc/gcc) on PATH")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build to a private name, then rename: parallel test workers may race here.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel, building it if needed; None (with ``build_error``) if impossible."""
+    global _lib, _tried, build_error
+    if _tried:
+        return _lib
+    _tried = True
+    if os.environ.get("MINIBATCH_CPU_KERNEL", "1") == "0":
+        build_error = "disabled by MINIBATCH_CPU_KERNEL=0"
+        return None
+    try:
+        path = library_path()
+        if not path.exists():
+            _build(path)
+        lib = ctypes.CDLL(str(path))
+        fn = lib.paged_decode_attention_f32
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
+        _lib = lib
+    except Exception as e:  # no compiler, read-only cache, ...: keep the torch path
+        build_error = f"{type(e).__name__}: {e}"
+        warnings.warn(f"minibatch: C paged-attention kernel unavailable ({build_error}); "
+                      "using the torch path", RuntimeWarning, stacklevel=2)
+    return _lib
+
+
+def available() -> bool:
+    return load() is not None
+
+
+def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    return q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
+
+
+def paged_decode_attention_c(q, k_cache, v_cache, block_tables, context_lens, scale=None):
+    """Same contract as :func:`minibatch.kernels.reference.paged_decode_attention_ref`."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"C paged-attention kernel unavailable: {build_error}")
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+    q = q.contiguous()
+    tables = block_tables.to(torch.int32).contiguous()
+    lens = context_lens.to(torch.int32).contiguous()
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("the KV cache must be contiguous")
+    out = torch.empty_like(q)
+    if num_seqs == 0:
+        return out
+    failed = lib.paged_decode_attention_f32(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
+        out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim, block_size,
+        tables.shape[1] if tables.dim() == 2 else 0, float(scale), torch.get_num_threads())
+    if failed:
+        raise MemoryError("C paged-attention kernel could not allocate its score buffer")
+    return out

@@ -1,0 +1,92 @@
+"""The C paged-decode kernel (the CPU engine's default) equals the plain reference."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from minibatch import kernels
+from minibatch.kernels import cpu_paged
+from minibatch.kernels.reference import paged_decode_attention_ref
+
+from .test_torch_paged import _paged
+
+needs_kernel = pytest.mark.skipif(not cpu_paged.available(),
+                                  reason=f"C kernel not built here: {cpu_paged.build_error}")
+
+
+@needs_kernel
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(8, 4, 32), (8, 8, 64), (8, 1, 128), (6, 2, 48), (4, 4, 16)])
+@pytest.mark.parametrize("block_size", [1, 8, 16])
+def test_decode_matches_reference(heads, kv_heads, head_dim, block_size):
+    lens = [1, block_size, block_size + 1, 2 * block_size - 1, 45, 130, 7, 300]
+    k, v, tables = _paged(lens, block_size, kv_heads, head_dim, seed=heads + block_size)
+    q = torch.randn(len(lens), heads, head_dim)
+    ctx = torch.tensor(lens, dtype=torch.int32)
+    ref = paged_decode_attention_ref(q, k, v, tables, ctx)
+    out = cpu_paged.paged_decode_attention_c(q, k, v, tables, ctx)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+
+
+@needs_kernel
+def test_decode_takes_strided_queries_and_int64_tables():
+    lens = [33, 64, 5]
+    k, v, tables = _paged(lens, 16, 2, 32, seed=3)
+    qk = torch.randn(len(lens), 8 + 2, 32)
+    q = qk[:, :8]                                   # a non-contiguous view, as the model passes
+    ctx = torch.tensor(lens)
+    ref = paged_decode_attention_ref(q, k, v, tables, ctx, scale=0.3)
+    out = cpu_paged.paged_decode_attention_c(q, k, v, tables.long(), ctx, scale=0.3)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+
+
+@needs_kernel
+def test_dispatcher_defaults_to_the_kernel_on_cpu_and_honours_overrides(monkeypatch):
+    monkeypatch.delenv("MINIBATCH_KERNELS", raising=False)
+    cpu = torch.device("cpu")
+    assert kernels.resolve_backend(None, cpu) == "cpu"
+    monkeypatch.setenv("MINIBATCH_KERNELS", "torch")
+    assert kernels.resolve_backend(None, cpu) == "torch"
+    assert kernels.resolve_backend("cpu", cpu) == "cpu"
+    with pytest.raises(ValueError, match="unknown kernel backend 'cuda-graphs'"):
+        kernels.resolve_backend("cuda-graphs", cpu)
+
+
+def test_dispatcher_keeps_bfloat16_on_the_torch_path():
+    lens = [20, 3]
+    k, v, tables = _paged(lens, 8, 2, 32, seed=4)
+    q = torch.randn(2, 4, 32)
+    ctx = torch.tensor(lens, dtype=torch.int32)
+    out = kernels.paged_decode_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), tables, ctx, backend="cpu")
+    ref = paged_decode_attention_ref(q, k, v, tables, ctx)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+def test_no_compiler_falls_back_to_torch_with_a_reason(tmp_path):
+    """Without a working C compiler the engine still runs (torch path) and says why."""
+    code = textwrap.dedent("""
+        import warnings
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            from minibatch.kernels import cpu_paged, resolve_backend
+            import torch
+            assert not cpu_paged.available()
+            assert resolve_backend(None, torch.device("cpu")) == "torch"
+        assert "false failed" in cpu_paged.build_error, cpu_paged.build_error
+        assert any("C paged-attention kernel unavailable" in str(x.message) for x in w)
+        from minibatch import LLM, SamplingParams
+        out = LLM("tiny").generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))
+        assert len(out[0].outputs[0].token_ids) == 3
+        print("ok")
+    """)
+    env = dict(os.environ, CC="false", MINIBATCH_CACHE=str(tmp_path))
+    env.pop("MINIBATCH_KERNELS", None)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("ok")
