@@ -140,7 +140,7 @@ class MLP(nn.Module):
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate, inplace=True).mul_(up))     # in place: no new buffers
 
 
 class DecoderLayer(nn.Module):
@@ -152,8 +152,9 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cos, sin, meta, k_cache, v_cache):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, k_cache, v_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # h = x + Attn(norm(x)); y = h + MLP(norm(h)); the sums land in the sublayers' fresh outputs.
+        h = self.self_attn(self.input_layernorm(x), cos, sin, meta, k_cache, v_cache).add_(x)
+        return self.mlp(self.post_attention_layernorm(h)).add_(h)
 
 
 class LlamaModel(nn.Module):
