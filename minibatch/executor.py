@@ -10,6 +10,7 @@ recompute) is now fully in the cache.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -54,6 +55,9 @@ class ModelExecutor:
         self.model, self.model_config, self.hf_config, self.model_path = load_model(
             config.model, self.device, self.dtype, seed=config.seed)
         mc = self.model_config
+        # CPU float32: oneDNN-prepacked weights (MINIBATCH_PREPACK=0 keeps plain F.linear).
+        self.prepacked = (self.device.type == "cpu" and os.environ.get("MINIBATCH_PREPACK", "1") != "0"
+                          and self.model.prepack_for_cpu())
         self.block_size = config.block_size
         self.block_bytes = config.block_size * mc.kv_bytes_per_token(self.dtype.itemsize)
         self.num_kv_blocks = config.num_kv_blocks or self._blocks_from_budget()

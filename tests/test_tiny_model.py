@@ -273,3 +273,29 @@ def test_training_script_runs_and_loss_decreases(tmp_path):
         assert (tmp_path / f).exists(), f
     m = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert m.config.hidden_size == 64
+
+
+def test_prepacked_linears_match_plain_linears_and_can_be_turned_off(monkeypatch):
+    """CPU float32 engines prepack weights for oneDNN; outputs stay those of F.linear."""
+    import torch
+
+    from minibatch import LLM, SamplingParams
+    from minibatch.model.llama import onednn_linear_available
+
+    if not onednn_linear_available(torch.zeros(1)):
+        pytest.skip("oneDNN prepacked linear not available in this torch build")
+    packed = LLM("tiny")
+    assert packed.engine.executor.prepacked
+    layer = packed.engine.executor.model.layers[1]
+    x = torch.randn(9, layer.mlp.down_proj.in_features)
+    with torch.inference_mode():
+        torch.testing.assert_close(layer.mlp.down_proj(x), torch.nn.functional.linear(x, layer.mlp.down_proj.weight),
+                                   rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("MINIBATCH_PREPACK", "0")
+    plain = LLM("tiny")
+    assert not plain.engine.executor.prepacked
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = ["The quick brown fox", "从前有一座山"]
+    a = [o.outputs[0].token_ids for o in packed.generate(prompts, params)]
+    b = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    assert a == b
