@@ -1,16 +1,29 @@
 """Simulator fidelity: calibrate on a profile of this machine, predict unseen workloads.
 
 1. Profile the real engine (``minibatch.profile``: varied training workloads) and fit
-   a step-time model.
+   a step-time model. The machine's speed drifts, so the runs are paired: a profile
+   pass, a round of real runs, a profile pass, another round, ...; each round's
+   simulation uses the model fitted to the passes just before and after it.
 2. For workloads the profile never saw (other rates, burstiness, length mixes), run
    the real engine under the virtual clock and the simulator with
    ``hardware="profile:FILE"`` (same KV pool), and compare mean, p50 and p90 E2E
-   latency and output throughput. Goal: within 15% (Vidur, MLSys'24, reports < 9% on GPUs).
+   latency and output throughput (medians over the rounds). Goal: within 15% (Vidur, MLSys'24, reports < 9% on GPUs).
 
     python benchmarks/sim_fidelity.py [--profile FILE] [--runs 3]
+
+Timing conditions: this script sets ``OMP_WAIT_POLICY=ACTIVE`` (unless the environment
+sets it), before torch loads, for the profile and the real runs alike. Spinning OpenMP
+threads are the engine's fastest and steadiest setting on an otherwise idle machine;
+minibatch's own default (``PASSIVE``, right when processes share the cores) makes
+small steps ~40% slower here and their times about twice as noisy, which a
+step-time model cannot predict. Run it on a quiet machine.
 """
 
 from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")   # before torch is imported (see above)
 
 import argparse
 import json
@@ -43,31 +56,52 @@ def test_workloads():
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default=None, help="reuse a profile (from python -m minibatch profile)")
-    ap.add_argument("--runs", type=int, default=3, help="real runs per workload (median)")
+    ap.add_argument("--runs", type=int, default=3, help="rounds of real runs (median)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    workloads = test_workloads()
+
+    def real_round():
+        return {name: run(wl, model="tiny", **kw).summary() for name, (kw, wl) in workloads.items()}
+
     if args.profile:
-        path = args.profile
+        paths = [args.profile] * args.runs
+        rounds = [real_round() for _ in range(args.runs)]
     else:
-        samples, meta = profile_engine("tiny")
-        model = fit_profile(samples, meta)
-        path = str(Path(tempfile.mkdtemp()) / "tiny-profile.json")
-        model.save(path)
-        print(model.describe())
-    kv_blocks = json.loads(Path(path).read_text())["metadata"]["kv_capacity_tokens"] // 16
+        # Paired calibration: the machine's speed drifts (here by 10-20% over minutes), so
+        # each round of real runs is bracketed by profile passes, and that round's
+        # simulation uses the model fitted to the two passes around it.
+        passes, rounds, meta = [], [], {}
+        for r in range(args.runs + 1):
+            samples, meta = profile_engine("tiny")
+            passes.append(samples)
+            if r < args.runs:
+                rounds.append(real_round())
+        tmp = Path(tempfile.mkdtemp())
+        paths = []
+        for r in range(args.runs):
+            model = fit_profile(passes[r] + passes[r + 1], meta)
+            paths.append(str(tmp / f"tiny-profile-{r}.json"))
+            model.save(paths[-1])
+            print(f"round {r + 1}: {model.describe()}")
+    kv_blocks = json.loads(Path(paths[0]).read_text())["metadata"]["kv_capacity_tokens"] // 16
     rows, worst = [], 0.0
-    print(f"\n{'workload':28s} {'metric':18s} {'real':>10s} {'sim':>10s} {'error':>8s}")
-    for name, (kw, wl) in test_workloads().items():
-        reals = [run(wl, model="tiny", **kw).summary() for _ in range(args.runs)]
-        sim = run(wl, executor="sim", model="tiny", hardware=f"profile:{path}", num_kv_blocks=kv_blocks,
-                  **kw).summary()
+    print(f"\n{'workload':28s} {'metric':18s} {'real':>9s} {'sim':>9s} {'error':>8s}   "
+          f"per round: real / sim")
+    for name, (kw, wl) in workloads.items():
+        sims = [run(wl, executor="sim", model="tiny", hardware=f"profile:{p}", num_kv_blocks=kv_blocks,
+                    **kw).summary() for p in paths]
         for m in METRICS:
-            real = statistics.median(r[m] for r in reals)
-            err = (sim[m] - real) / real
+            reals = [rnd[name][m] for rnd in rounds]
+            simv = [s_[m] for s_ in sims]
+            real, sim = statistics.median(reals), statistics.median(simv)
+            err = (sim - real) / real
             worst = max(worst, abs(err))
-            rows.append({"workload": name, "metric": m, "real": real, "sim": sim[m], "rel_error": err})
-            print(f"{name:28s} {m:18s} {real:10.3f} {sim[m]:10.3f} {err:+8.1%}")
-    print(f"\nlargest |error|: {worst:.1%} (goal <= 15%)")
+            rows.append({"workload": name, "metric": m, "real": real, "sim": sim, "rel_error": err,
+                         "real_rounds": reals, "sim_rounds": simv})
+            pairs = "  ".join(f"{a:.3f}/{b:.3f}" for a, b in zip(reals, simv))
+            print(f"{name:28s} {m:18s} {real:9.3f} {sim:9.3f} {err:+8.1%}   {pairs}")
+    print(f"\nlargest |error|: {worst:.1%} (goal <= 15%); OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
     return 0

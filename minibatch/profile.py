@@ -55,6 +55,11 @@ def training_workloads(scale: float = 1.0):
         ("mixed", dict(max_num_seqs=32, max_num_batched_tokens=256),
          synthetic(n, 20.0, input_len=uniform(16, 300), output_len=lognormal(median=24, sigma=0.8, max=120),
                    seed=13)),
+        ("big-chunks", dict(max_num_seqs=32, max_num_batched_tokens=2048),
+         synthetic(max(4, n // 2), float("inf"), input_len=uniform(200, 900), output_len=fixed(6), seed=16)),
+        ("draining", dict(max_num_seqs=24), synthetic(max(8, int(40 * scale)), float("inf"),
+                                                      input_len=uniform(16, 128), output_len=uniform(4, 80),
+                                                      seed=17)),
         ("small-batches", dict(max_num_seqs=4), synthetic(max(4, n // 2), 5.0, input_len=uniform(16, 200),
                                                           output_len=fixed(16), seed=14)),
     ]

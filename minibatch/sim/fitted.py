@@ -1,24 +1,36 @@
 """A cost model fitted to step times measured on the real engine.
 
 The profiler (``python -m minibatch profile``) times real steps over a grid of batch
-compositions and calls :meth:`FittedCostModel.fit`. The model is linear in a few
-features that each stand for one kind of work::
+compositions and calls :meth:`FittedCostModel.fit`. The default model is::
 
-    t = c_const                                  # per-step overhead (scheduling, launch)
-      + c_prefill_tokens * sum_i n_i             # GEMMs for every new prefill token
-      + c_prefill_attn   * sum_i P_i             # causal attention pairs,
+    t = g(M)                                     # the weights' work for M tokens in the step
+      + c_prefill_attn * sum_i P_i               # causal attention pairs,
                                                  #   P = n*(c-n) + n*(n+1)/2
-      + c_decode_seqs    * D                     # GEMMs for each decode token
-      + c_decode_ctx     * sum_j c_j             # reading each decode sequence's KV cache
-      + c_num_seqs       * (#prefill + D)        # per-sequence work: LM head, sampling, bookkeeping
+      + c_decode_ctx   * sum_j c_j               # reading each decode sequence's KV cache
+      + c_num_seqs     * (#prefill + D)          # per-sequence work: sampling, bookkeeping
 
-with n_i, c_i a prefill chunk's new tokens and context after it, D decoding sequences of
-context c_j. The coefficients are fitted by non-negative least squares (Lawson & Hanson,
-*Solving Least Squares Problems*, 1974, ch. 23), so each stays a cost (>= 0), in seconds
-per unit. By default each sample is weighted by 1/t (minimises *relative* error, so a 5 ms
-decode step counts as much as a 500 ms prefill).
+with M = sum_i n_i + D the step's tokens (prefill chunks of n_i new tokens and context
+c_i after them, plus D decoding sequences of context c_j). ``g`` is piecewise linear
+between knots at 1, 2, 4, ... tokens (features ``tokens@K``: "tent" functions that are 1
+at K and fall to 0 at the neighbouring knots, so each coefficient is g at its knot). It
+is fitted non-decreasing (more tokens never cost less) and is not a straight line
+because a GEMM is not: on a CPU one token is a matrix-vector product that streams the
+weights once, a few tokens cost nearly the same, and only past tens of tokens does the
+time grow in proportion; on a GPU the same bend sits at
+the compute/bandwidth ridge. Knots without enough samples near them are dropped, so
+g interpolates across gaps rather than falling to 0; past the last knot g grows in
+proportion to M.
 
-This is Vidur's approach (Agrawal et al., MLSys'24) reduced to one linear model.
+The older linear model (``const + prefill_tokens + decode_seqs + ...``, all in
+``FEATURES``) remains available by naming its features. Coefficients are fitted by
+non-negative least squares (Lawson & Hanson, *Solving Least Squares Problems*, 1974,
+ch. 23), so each stays a cost (>= 0), in seconds per unit. By default the fit minimises
+*relative* error (a 5 ms decode step counts as much as a 500 ms prefill), weighting each sample by 1/(predicted t) through a few
+rounds of reweighting rather than by its own measured 1/t, which would favour the
+samples that happened to run fast and bias every prediction low.
+
+This is Vidur's approach (Agrawal et al., MLSys'24: profile the operators over token
+counts, interpolate) reduced to one model of the whole step.
 """
 
 from __future__ import annotations
@@ -48,13 +60,72 @@ FEATURES: dict[str, Callable[[Prefill, Sequence[int]], float]] = {
     "decode_ctx": lambda p, d: float(sum(d)),
     "num_seqs": lambda p, d: float(len(p) + len(d)),
 }
-DEFAULT_FEATURES = tuple(FEATURES)
+#: The straight-line model: a constant plus per-token and per-sequence terms.
+LINEAR_FEATURES = tuple(FEATURES)
+#: Added to the ``tokens@K`` knots in the default model.
+DEFAULT_EXTRA_FEATURES = ("prefill_attn", "decode_ctx", "num_seqs")
+TENT = "tokens@"
+
+
+def _is_tent(name: str) -> bool:
+    return name.startswith(TENT) and name[len(TENT):].isdigit() and int(name[len(TENT):]) > 0
+
+
+def _check_features(names: Sequence[str]) -> None:
+    unknown = [n for n in names if n not in FEATURES and not _is_tent(n)]
+    if unknown:
+        raise ValueError(f"unknown feature(s) {unknown}; known: {list(FEATURES)} and {TENT}K for K >= 1")
+
+
+def step_tokens(prefill: Prefill, decode_context_lens: Sequence[int]) -> int:
+    return sum(n for n, _ in prefill) + len(decode_context_lens)
+
+
+def tent_values(m: float, knots: Sequence[int]) -> list[float]:
+    """Piecewise-linear basis: weights on ``knots`` (ascending) that interpolate at ``m``."""
+    out = [0.0] * len(knots)
+    if m <= 0 or not knots:
+        return out
+    if m <= knots[0]:
+        out[0] = m / knots[0]
+    elif m >= knots[-1]:
+        out[-1] = m / knots[-1]
+    else:
+        i = next(j for j in range(1, len(knots)) if m <= knots[j])
+        lo, hi = knots[i - 1], knots[i]
+        out[i - 1], out[i] = (hi - m) / (hi - lo), (m - lo) / (hi - lo)
+    return out
+
+
+def auto_knots(token_counts: Iterable[int], min_support: int = 3) -> list[int]:
+    """Knots at 1, 2, 4, ... up to the largest count seen (and at it), keeping those with at
+    least ``min_support`` samples between their neighbouring candidates."""
+    counts = np.asarray(list(token_counts))
+    top = int(counts.max())
+    cands = [1 << i for i in range(top.bit_length()) if (1 << i) <= top]
+    if cands[-1] != top:
+        cands.append(top)
+    keep = []
+    for i, k in enumerate(cands):
+        lo = cands[i - 1] if i else 0
+        hi = cands[i + 1] if i + 1 < len(cands) else np.inf
+        if ((counts > lo) & (counts < hi)).sum() >= min_support or (i == len(cands) - 1 and not keep):
+            keep.append(k)
+    return keep
+
+
+def default_features(samples: Iterable[dict]) -> tuple[str, ...]:
+    counts = [step_tokens(s.get("prefill", ()), s.get("decode", ())) for s in samples]
+    return tuple(f"{TENT}{k}" for k in auto_knots(counts)) + DEFAULT_EXTRA_FEATURES
 
 
 def feature_vector(prefill: Prefill, decode_context_lens: Sequence[int],
-                   names: Sequence[str] = DEFAULT_FEATURES) -> np.ndarray:
+                   names: Sequence[str] = LINEAR_FEATURES) -> np.ndarray:
     """The features of one step, in the order of ``names``."""
-    return np.array([FEATURES[n](prefill, decode_context_lens) for n in names])
+    knots = sorted(int(n[len(TENT):]) for n in names if _is_tent(n))
+    tents = dict(zip(knots, tent_values(step_tokens(prefill, decode_context_lens), knots))) if knots else {}
+    return np.array([tents[int(n[len(TENT):])] if _is_tent(n) else FEATURES[n](prefill, decode_context_lens)
+                     for n in names])
 
 
 def nnls(A: np.ndarray, b: np.ndarray, tol: float = 1e-10) -> np.ndarray:
@@ -112,9 +183,7 @@ class FittedCostModel:
     def __init__(self, coefficients: dict[str, float], *, r2: float | None = None,
                  mean_rel_error: float | None = None, max_rel_error: float | None = None,
                  num_samples: int = 0, metadata: dict[str, Any] | None = None):
-        unknown = set(coefficients) - set(FEATURES)
-        if unknown:
-            raise ValueError(f"unknown feature(s) {sorted(unknown)}; known: {list(FEATURES)}")
+        _check_features(list(coefficients))
         self.feature_names = tuple(coefficients)
         self.coef = np.array([float(coefficients[n]) for n in self.feature_names])
         self.r2, self.mean_rel_error, self.max_rel_error = r2, mean_rel_error, max_rel_error
@@ -127,23 +196,45 @@ class FittedCostModel:
 
     # -- fitting -------------------------------------------------------------------------
     @classmethod
-    def fit(cls, samples: Iterable[dict], features: Sequence[str] = DEFAULT_FEATURES,
+    def fit(cls, samples: Iterable[dict], features: Sequence[str] | None = None,
             weighting: str = "relative", metadata: dict[str, Any] | None = None) -> "FittedCostModel":
         """Fit to ``samples``: dicts ``{"prefill": [(new, ctx), ...], "decode": [ctx, ...],
-        "time_s": seconds}``. ``weighting``: ``"relative"`` (rows scaled by 1/t) or
-        ``"absolute"`` (plain least squares). ``metadata`` (model, device, ...) is stored
-        with the machine, Python, numpy and torch versions."""
+        "time_s": seconds}``. ``features``: None for the default (``tokens@K`` knots placed
+        by :func:`auto_knots` plus attention and per-sequence terms), ``LINEAR_FEATURES``
+        for the straight-line model, or any list of names. ``weighting``: ``"relative"``
+        (rows scaled by 1/predicted t) or ``"absolute"`` (plain least squares). ``metadata`` (model,
+        device, ...) is stored with the machine, Python, numpy and torch versions."""
         if weighting not in ("relative", "absolute"):
             raise ValueError(f"weighting must be 'relative' or 'absolute', got {weighting!r}")
-        unknown = [f for f in features if f not in FEATURES]
-        if unknown:
-            raise ValueError(f"unknown feature(s) {unknown}; known: {list(FEATURES)}")
+        samples = list(samples)
+        if not samples:
+            raise ValueError("no samples to fit")
+        features = tuple(features) if features is not None else default_features(samples)
+        _check_features(features)
         X, y = cls._design(samples, features)
         if len(y) < len(features):
             raise ValueError(f"need at least {len(features)} samples to fit {len(features)} "
                              f"features, got {len(y)}")
-        w = 1.0 / y if weighting == "relative" else np.ones_like(y)
-        coef = nnls(X * w[:, None], y * w)
+        # g must not fall as tokens grow: fit its increments between knots (each >= 0)
+        # instead of its values, i.e. columns summed from each knot upwards.
+        tents = sorted((int(f[len(TENT):]), i) for i, f in enumerate(features) if _is_tent(f))
+        order = [i for _, i in tents]
+        U = np.eye(len(features))
+        for a, i in enumerate(order):
+            U[i, order[:a + 1]] = 1.0          # g_i = sum of the increments up to knot i
+        Xc = X @ U
+        if weighting == "absolute":
+            inc = nnls(Xc, y)
+        else:
+            # Relative error, without the downward bias of weighting each row by its own
+            # (noisy) 1/t: start there, then reweight by 1/prediction a few times
+            # (iteratively reweighted least squares), which estimates the *mean* step
+            # time of each composition, what a simulated clock must add up.
+            inc = nnls(Xc / y[:, None], np.ones_like(y))
+            for _ in range(3):
+                pred = np.maximum(Xc @ inc, 1e-3 * y.min())
+                inc = nnls(Xc / pred[:, None], y / pred)
+        coef = U @ inc
         model = cls(dict(zip(features, coef.tolist())), num_samples=len(y),
                     metadata={**_environment(), "weighting": weighting, **(metadata or {})})
         model.r2, model.mean_rel_error, model.max_rel_error = model._scores(X, y)
@@ -188,8 +279,12 @@ class FittedCostModel:
         return None if value is None else int(value)
 
     def describe(self) -> str:
+        knots = [(n, c) for n, c in zip(self.feature_names, self.coef) if _is_tent(n)]
         terms = " + ".join(f"{c:.3g}*{n}" if n != "const" else f"{c:.3g}"
-                           for n, c in zip(self.feature_names, self.coef))
+                           for n, c in zip(self.feature_names, self.coef) if not _is_tent(n))
+        if knots:
+            g = ", ".join(f"{n[len(TENT):]}: {c * 1e3:.3g}" for n, c in knots)
+            terms = f"g(M) + {terms}\n  g(M) [ms] at M tokens = {{{g}}}"
         quality = (f"R^2={self.r2:.4f}, mean rel. error {self.mean_rel_error:.1%}, "
                    f"max {self.max_rel_error:.1%}" if self.r2 is not None else "not scored")
         what = ", ".join(f"{k}={self.metadata[k]}" for k in ("model", "device", "torch", "machine")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from minibatch.sim import FittedCostModel, load_cost_model, make_cost_model, nnls
-from minibatch.sim.fitted import feature_vector
+from minibatch.sim.fitted import LINEAR_FEATURES, auto_knots, feature_vector, tent_values
 
 TRUE = {"const": 2e-3, "prefill_tokens": 5e-5, "prefill_attn": 2e-9, "decode_seqs": 3e-4,
         "decode_ctx": 1e-7, "num_seqs": 1e-4}
@@ -27,14 +27,14 @@ def synthetic_samples(n=200, noise=0.0, seed=0):
 
 
 def test_recovers_known_coefficients():
-    fit = FittedCostModel.fit(synthetic_samples())
+    fit = FittedCostModel.fit(synthetic_samples(), features=LINEAR_FEATURES)
     for name, value in TRUE.items():
         assert fit.coefficients[name] == pytest.approx(value, rel=1e-6)
     assert fit.r2 == pytest.approx(1.0) and fit.mean_rel_error < 1e-9
 
 
 def test_noisy_fit_is_close_and_nonnegative():
-    fit = FittedCostModel.fit(synthetic_samples(n=400, noise=0.02, seed=1))
+    fit = FittedCostModel.fit(synthetic_samples(n=400, noise=0.02, seed=1), features=LINEAR_FEATURES)
     assert all(c >= 0 for c in fit.coefficients.values())
     assert fit.coefficients["prefill_tokens"] == pytest.approx(TRUE["prefill_tokens"], rel=0.05)
     assert fit.coefficients["decode_seqs"] == pytest.approx(TRUE["decode_seqs"], rel=0.1)
@@ -55,7 +55,8 @@ def test_nnls_matches_unconstrained_when_feasible_and_clips_otherwise():
 
 
 def test_save_load_round_trip(tmp_path):
-    fit = FittedCostModel.fit(synthetic_samples(), metadata={"model": "tiny", "device": "cpu"})
+    fit = FittedCostModel.fit(synthetic_samples(), features=LINEAR_FEATURES,
+                              metadata={"model": "tiny", "device": "cpu"})
     path = tmp_path / "profile.json"
     fit.save(path)
     data = json.loads(path.read_text())
@@ -82,8 +83,95 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="time_s"):
         FittedCostModel.fit([{"prefill": [], "decode": [1], "time_s": 0}] * 10)
     with pytest.raises(ValueError, match="at least"):
-        FittedCostModel.fit(synthetic_samples(n=3))
+        FittedCostModel.fit(synthetic_samples(n=3), features=LINEAR_FEATURES)
     with pytest.raises(ValueError, match="unknown feature"):
         FittedCostModel.fit(synthetic_samples(), features=("const", "flops"))
+    with pytest.raises(ValueError, match="unknown feature"):
+        FittedCostModel.fit(synthetic_samples(), features=("tokens@0", "num_seqs"))
+    with pytest.raises(ValueError, match="no samples"):
+        FittedCostModel.fit([])
     with pytest.raises(ValueError, match="FittedCostModel"):
         FittedCostModel.from_dict({"kind": "something else"})
+
+
+def gemm_like(m):
+    """A CPU GEMM's shape: one token streams the weights (1.0 ms), up to ~16 tokens cost
+    about the same, beyond that time grows with the tokens (0.06 ms each)."""
+    return 1.0e-3 + 0.4e-3 * min(m - 1, 1) + 0.06e-3 * max(m - 16, 0)
+
+
+def bent_samples(n=300, seed=0):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        prefill = [(new, new) for new in (rng.choice([8, 40, 200, 900]) for _ in range(rng.choice([0, 0, 1])))]
+        decode = [rng.randint(1, 512) for _ in range(rng.choice([0, 1, 1, 2, 3, 5, 8, 20, 64]) or (0 if prefill else 1))]
+        m = sum(n for n, _ in prefill) + len(decode)
+        t = gemm_like(m) + 1e-7 * sum(decode) + 2e-9 * sum(n * (n + 1) / 2 for n, _ in prefill)
+        out.append({"prefill": prefill, "decode": decode, "time_s": t})
+    return out
+
+
+def test_tent_values_interpolate_between_knots():
+    knots = [1, 2, 4, 16]
+    assert tent_values(1, knots) == [1.0, 0, 0, 0]
+    assert tent_values(3, knots) == [0, 0.5, 0.5, 0]
+    assert tent_values(10, knots) == pytest.approx([0, 0, 0.5, 0.5])
+    assert tent_values(32, knots) == [0, 0, 0, 2.0]           # past the last knot: proportional
+    g = np.array([1.0, 1.4, 1.5, 3.0])
+    assert float(np.dot(tent_values(8, knots), g)) == pytest.approx(1.5 + (8 - 4) / 12 * 1.5)
+
+
+def test_auto_knots_skip_token_counts_never_seen():
+    counts = [1] * 10 + [2] * 5 + [3] * 4 + [60] * 5 + [2048] * 3
+    knots = auto_knots(counts)
+    assert knots[0] == 1 and knots[-1] == 2048
+    assert 2 in knots and 64 in knots and 1024 not in knots and 256 not in knots
+
+
+def test_default_model_follows_a_bent_gemm_curve_the_line_cannot():
+    train, test = bent_samples(seed=0), bent_samples(seed=1)
+    bent = FittedCostModel.fit(train)
+    line = FittedCostModel.fit(train, features=LINEAR_FEATURES)
+    assert any(n.startswith("tokens@") for n in bent.feature_names)
+    assert bent.evaluate(test)["mean_rel_error"] < 0.02
+    assert line.evaluate(test)["mean_rel_error"] > 2 * bent.evaluate(test)["mean_rel_error"]
+    # g at the knots reads off the curve
+    assert bent.coefficients["tokens@1"] == pytest.approx(gemm_like(1), rel=0.05)
+    assert bent.step_time([], [1] * 4) < 1.6 * bent.step_time([], [1])
+
+
+def test_knot_model_round_trips(tmp_path):
+    fit = FittedCostModel.fit(bent_samples())
+    path = tmp_path / "p.json"
+    fit.save(path)
+    again = FittedCostModel.load(path)
+    assert again.feature_names == fit.feature_names
+    for step in (([], [10] * 3), ([(500, 500)], [30] * 7), ([(3000, 3000)], [])):
+        assert again.step_time(*step) == fit.step_time(*step)
+    assert "g(M)" in fit.describe()
+
+
+def test_relative_fit_estimates_the_mean_step_time_not_a_low_one():
+    """Noisy steps of one composition: the fit must return their mean (what a simulated
+    clock adds up), not the low value that weighting each row by its own 1/t gives."""
+    rng = random.Random(5)
+    times = [4e-3 * (1 + rng.uniform(-0.4, 0.4)) for _ in range(400)]
+    samples = [{"prefill": [], "decode": [100], "time_s": t} for t in times]
+    fit = FittedCostModel.fit(samples, features=("const",))
+    mean = sum(times) / len(times)
+    assert fit.coefficients["const"] == pytest.approx(mean, rel=0.01)
+    naive = sum(1 / t for t in times) / sum(1 / t ** 2 for t in times)    # argmin sum((c - t) / t)^2
+    assert naive < 0.97 * mean
+
+
+def test_fitted_g_never_falls_as_tokens_grow():
+    """Noisy, flat small-batch steps: an unconstrained fit zigzags, ours is monotone."""
+    rng = random.Random(7)
+    samples = [{"prefill": [], "decode": [50] * b, "time_s": 3e-3 * (1 + rng.gauss(0, 0.15))}
+               for b in (1, 2, 3, 4, 6, 8) for _ in range(12)]
+    samples += [{"prefill": [], "decode": [50] * 64, "time_s": 9e-3 * (1 + rng.gauss(0, 0.05))} for _ in range(12)]
+    fit = FittedCostModel.fit(samples, features=("tokens@1", "tokens@2", "tokens@4", "tokens@8", "tokens@64"))
+    g = [fit.coefficients[f"tokens@{k}"] for k in (1, 2, 4, 8, 64)]
+    assert all(a <= b + 1e-12 for a, b in zip(g, g[1:])), g
+    assert g[0] == pytest.approx(3e-3, rel=0.15) and g[-1] == pytest.approx(9e-3, rel=0.05)
