@@ -401,7 +401,8 @@ W.interact(show_breakdown,
 # 3. **CPU 的脊点。** 查一查你自己机器的内存带宽与浮点峰值（或用 `get_hardware("cpu")` 的粗略值），算出它的脊点。
 #    为什么 `tiny` 在 CPU 上的实测曲线在批大小很小时就开始明显上升？（提示：对比 2.4 节实测的固定成本与读权重的时间。）
 # 4. **拟合代价模型。** 运行 `python -m minibatch profile --model tiny --out /tmp/tiny-cpu.json`，它会在真实引擎上测量
-#    各种批组合的单步耗时并拟合一个线性代价模型（`FittedCostModel`）。它的 `decode_seqs` 与 `decode_ctx` 系数分别对应
-#    本章实验 A、B 中的哪一条斜率？
+#    各种批组合的单步耗时并拟合一个代价模型（`FittedCostModel`）：`g(M)` 是一步里 M 个 token 的权重开销（分段线性、
+#    不随 M 下降），`decode_ctx` 是每个上下文 token 的 KV 读取开销。它们分别对应本章实验 A、B 中的哪一条曲线？
+#    为什么 `g(M)` 在 M 很小时几乎是平的？
 # 5. **Prefill 的临界长度。** 在 A100 上，一个多长的 Prompt 的 Prefill 时间等于一次批大小 32 的解码步？在交互控件里
 #    找出这个长度，并解释为什么答案接近第 2.5 节求出的 GEMM 临界 $M$。

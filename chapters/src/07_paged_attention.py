@@ -324,6 +324,8 @@ for on in (False, True):
 # 这一步每读一个字节的 KV 只做约 1 次浮点运算，是典型的访存受限（第 2 章）。minibatch 的 Triton 内核
 # `minibatch/kernels/triton_decode.py` 把它写成一个程序（Program，相当于 CUDA 的一个线程块）处理
 # **一条序列的一个 KV 头**，并一次算完共享这个 KV 头的全部 $G$ 个查询头（GQA 分组），这样每个 K/V 块只读一次。
+# （在 CPU 上，引擎默认用同样思路的 C 内核 `minibatch/kernels/cpu_paged.c`：一个 OpenMP 任务处理一条序列，
+# 按块表逐 Token 读 K、V 各一遍，不把分页的 KV 复制成连续张量；约 90 行，可以对照着读。）
 # 模块文档说明了整体算法：
 
 # %%
@@ -508,4 +510,5 @@ display(Markdown(
 # 5. （思考）`choose_split` 只在“上下文超过一个分区 **且** 序列数 × KV 头数少于 SM 数”时才启用 Split-KV。
 #    为什么序列很多时拆分反而不划算？
 # 6. （选做）设置 `attention_backend="triton"`，用 `LLM(model="tiny", ...)` 在解释器里生成几个 Token，
-#    与默认的 torch 后端比较输出是否一致（会比较慢）。
+#    与 CPU 上默认的 C 内核后端（`attention_backend="cpu"`）以及纯 torch 后端（`"torch"`，先收集分页再做注意力）
+#    比较输出是否一致（解释器会很慢）。
