@@ -7,6 +7,12 @@ its measured duration, and fits a :class:`~minibatch.sim.FittedCostModel`. The
 simulator then replays other workloads with ``hardware="profile:FILE"``.
 
     python -m minibatch profile --model tiny --out profiles/tiny-cpu.json
+
+Profile under the conditions you will predict: the same machine, quiet, and the same
+OpenMP setting. (minibatch defaults to ``OMP_WAIT_POLICY=PASSIVE``, robust when
+processes share the cores; ``OMP_WAIT_POLICY=ACTIVE python -m minibatch profile ...``
+times the engine's fastest, steadiest mode on an idle machine, as
+``benchmarks/sim_fidelity.py`` does.)
 """
 
 from __future__ import annotations

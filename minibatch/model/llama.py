@@ -140,7 +140,7 @@ class MLP(nn.Module):
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate, inplace=True).mul_(up))     # in place: no new buffers
+        return self.down_proj(F.silu(gate, inplace=True) * up)   # silu in place; the product is contiguous
 
 
 class DecoderLayer(nn.Module):
