@@ -66,6 +66,8 @@ def training_workloads(scale: float = 1.0):
         ("draining", dict(max_num_seqs=24), synthetic(max(8, int(40 * scale)), float("inf"),
                                                       input_len=uniform(16, 128), output_len=uniform(4, 80),
                                                       seed=17)),
+        ("long-context", dict(max_num_seqs=4, max_num_batched_tokens=512),
+         synthetic(max(4, n // 3), float("inf"), input_len=uniform(400, 900), output_len=uniform(20, 60), seed=18)),
         ("small-batches", dict(max_num_seqs=4), synthetic(max(4, n // 2), 5.0, input_len=uniform(16, 200),
                                                           output_len=fixed(16), seed=14)),
     ]
