@@ -4,6 +4,7 @@ The profiler (``python -m minibatch profile``) times real steps over a grid of b
 compositions and calls :meth:`FittedCostModel.fit`. The default model is::
 
     t = g(M)                                     # the weights' work for M tokens in the step
+      + c_prefill_seqs * #prefill                # per prefill chunk: its own attention calls
       + c_prefill_attn * sum_i P_i               # causal attention pairs,
                                                  #   P = n*(c-n) + n*(n+1)/2
       + c_decode_ctx   * sum_j c_j               # reading each decode sequence's KV cache
@@ -59,11 +60,12 @@ FEATURES: dict[str, Callable[[Prefill, Sequence[int]], float]] = {
     "decode_seqs": lambda p, d: float(len(d)),
     "decode_ctx": lambda p, d: float(sum(d)),
     "num_seqs": lambda p, d: float(len(p) + len(d)),
+    "prefill_seqs": lambda p, d: float(len(p)),
 }
 #: The straight-line model: a constant plus per-token and per-sequence terms.
-LINEAR_FEATURES = tuple(FEATURES)
+LINEAR_FEATURES = ("const", "prefill_tokens", "prefill_attn", "decode_seqs", "decode_ctx", "num_seqs")
 #: Added to the ``tokens@K`` knots in the default model.
-DEFAULT_EXTRA_FEATURES = ("prefill_attn", "decode_ctx", "num_seqs")
+DEFAULT_EXTRA_FEATURES = ("prefill_seqs", "prefill_attn", "decode_ctx", "num_seqs")
 TENT = "tokens@"
 
 
