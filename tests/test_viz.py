@@ -207,3 +207,12 @@ def test_figures_display_as_png_in_ipython_without_a_pyplot_backend():
         assert data["image/png"][:4] == b"\x89PNG"
     finally:
         InteractiveShell.clear_instance()
+
+
+def test_md_table_renders_markdown_and_prints_outside_jupyter(capsys):
+    from minibatch.viz import markdown_table, md_table
+
+    text = markdown_table(["policy", "tok/s"], [("fcfs", "1,256"), ("sjf", 1271)])
+    assert text.splitlines() == ["| policy | tok/s |", "|---:|---:|", "| fcfs | 1,256 |", "| sjf | 1271 |"]
+    assert md_table(["a"], [(1,)]) is None
+    assert capsys.readouterr().out.strip() == "| a |\n|---:|\n| 1 |"

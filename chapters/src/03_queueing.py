@@ -28,17 +28,11 @@ from IPython.display import Markdown, display
 
 import minibatch
 from minibatch.runner import run
+from minibatch.viz import md_table
 from minibatch.sim import make_cost_model
 from minibatch.workload import arrival_stats, fixed, gamma_arrivals, load_trace, lognormal, synthetic
 
 SIM = dict(executor="sim", model="llama-2-7b", hardware="a100-80g")   # the simulated server of this chapter
-
-
-def md_table(header, rows):
-    """Render rows (already formatted strings) as a Markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    display(Markdown("\n".join(lines)))
 
 
 print("minibatch", minibatch.__version__)

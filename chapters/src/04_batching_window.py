@@ -35,17 +35,10 @@ from minibatch.policies.dynamic import DynamicPolicy
 from minibatch.policies.static import StaticPolicy
 from minibatch.runner import run
 from minibatch.sim import make_cost_model
-from minibatch.viz import gantt
+from minibatch.viz import gantt, md_table
 from minibatch.workload import fixed, lognormal, synthetic, uniform
 
 SIM = dict(executor="sim", model="llama-2-7b", hardware="a100-80g")   # the simulated server of this chapter
-
-
-def md_table(header, rows):
-    """Render rows (already formatted strings) as a Markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    display(Markdown("\n".join(lines)))
 
 
 print("minibatch", minibatch.__version__)

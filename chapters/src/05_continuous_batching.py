@@ -38,17 +38,10 @@ import minibatch
 from minibatch.policies.continuous import ContinuousPolicy
 from minibatch.runner import run
 from minibatch.scheduler import Scheduler
-from minibatch.viz import batch_composition, gantt
+from minibatch.viz import batch_composition, gantt, md_table
 from minibatch.workload import fixed, lognormal, synthetic
 
 SIM = dict(executor="sim", model="llama-2-7b", hardware="a100-80g")   # the simulated server of this chapter
-
-
-def md_table(header, rows):
-    """Render rows (already formatted strings) as a Markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    display(Markdown("\n".join(lines)))
 
 
 print("minibatch", minibatch.__version__)

@@ -9,6 +9,7 @@
 ``timeline(result)``       rolling throughput, TTFT/TPOT, queue and KV over time
 ``latency_throughput(d)``  latency vs throughput across request rates, per policy
 ``compare_bars(results)``  summary metrics side by side
+``md_table(header, rows)`` a Markdown table of numbers computed in the cell
 =========================  ==========================================================
 
 No function calls ``pyplot``: figures are ``matplotlib.figure.Figure`` objects, which
@@ -21,10 +22,11 @@ from minibatch.viz.events import EventLog
 from minibatch.viz.kv import kv_block_map, kv_snapshot
 from minibatch.viz.requests import gantt, latency_cdf, preemption_spans
 from minibatch.viz.steps import batch_composition, timeline
+from minibatch.viz.tables import markdown_table, md_table
 
 __all__ = ["gantt", "batch_composition", "kv_block_map", "kv_snapshot", "latency_cdf", "timeline",
            "latency_throughput", "compare_bars", "summary_table", "metric_title", "preemption_spans",
-           "EventLog", "figure_png"]
+           "EventLog", "figure_png", "md_table", "markdown_table"]
 
 
 def figure_png(fig, dpi: int = 80) -> bytes:
