@@ -169,6 +169,7 @@ class LlamaModel(nn.Module):
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.max_positions = config.max_position_embeddings
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._packed_lm_head: torch.Tensor | None = None     # set by prepack_for_cpu
 
     def rope_cache(self, device, dtype):
         if self._rope_cache is None or self._rope_cache[0].device != device or self._rope_cache[0].dtype != dtype:
@@ -195,8 +196,6 @@ class LlamaModel(nn.Module):
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight).float()
 
-    _packed_lm_head = None
-
     def prepack_for_cpu(self) -> bool:
         """Re-lay every projection's weight once for oneDNN (CPU, float32).
 
@@ -204,8 +203,10 @@ class LlamaModel(nn.Module):
         a GEMM whose weight is already in the library's blocked layout skips re-packing
         it every call, which at small batches costs more than the multiply itself
         (here 2-4x faster at 1-16 tokens, ~1.2x at 2048). The original weights stay in
-        place. Returns False, changing nothing, where the op is missing or disagrees
-        with ``F.linear`` on a test input.
+        place, so the projections' memory doubles (16 MiB more for ``tiny``; set
+        ``MINIBATCH_PREPACK=0`` for a large checkpoint on a small machine). Returns False,
+        changing nothing, where the op is missing or disagrees with ``F.linear`` on a
+        test input.
         """
         if not onednn_linear_available(self.embed_tokens.weight):
             return False
@@ -231,7 +232,7 @@ def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def onednn_linear_available(weight: torch.Tensor) -> bool:
-    """oneDNN's prepacked linear exists here and matches ``F.linear`` (checked once per call)."""
+    """oneDNN's prepacked linear exists here and matches ``F.linear`` on a small test input."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
         return False
     try:

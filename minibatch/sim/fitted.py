@@ -191,6 +191,12 @@ class FittedCostModel:
         self.r2, self.mean_rel_error, self.max_rel_error = r2, mean_rel_error, max_rel_error
         self.num_samples = num_samples
         self.metadata = dict(metadata or {})
+        # For step_time (called once per simulated step): knots parsed once, g's values
+        # at them, and the other terms as (function, coefficient).
+        tents = sorted((int(n[len(TENT):]), c) for n, c in zip(self.feature_names, self.coef) if _is_tent(n))
+        self._knots = [k for k, _ in tents]
+        self._g = [c for _, c in tents]
+        self._terms = [(FEATURES[n], c) for n, c in zip(self.feature_names, self.coef) if not _is_tent(n)]
 
     @property
     def coefficients(self) -> dict[str, float]:
@@ -272,7 +278,11 @@ class FittedCostModel:
         """Seconds for one step (same arguments as :meth:`RooflineCostModel.step_time`)."""
         if not prefill and not decode_context_lens:
             return 0.0
-        return float(feature_vector(prefill, decode_context_lens, self.feature_names) @ self.coef)
+        t = sum(f(prefill, decode_context_lens) * c for f, c in self._terms)
+        if self._knots:
+            m = step_tokens(prefill, decode_context_lens)
+            t += sum(w * g for w, g in zip(tent_values(m, self._knots), self._g))
+        return float(t)
 
     def kv_capacity_tokens(self, *args, **kwargs) -> int | None:
         """Stored ``metadata["kv_capacity_tokens"]`` if the profiler recorded it, else None

@@ -149,6 +149,7 @@ def test_knot_model_round_trips(tmp_path):
     assert again.feature_names == fit.feature_names
     for step in (([], [10] * 3), ([(500, 500)], [30] * 7), ([(3000, 3000)], [])):
         assert again.step_time(*step) == fit.step_time(*step)
+        assert fit.step_time(*step) == pytest.approx(float(feature_vector(*step, fit.feature_names) @ fit.coef))
     assert "g(M)" in fit.describe()
 
 
