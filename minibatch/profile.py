@@ -92,6 +92,8 @@ def profile_engine(model: str = "tiny", scale: float = 1.0, repeats: int = 1, **
             engine = LLMEngine(cfg, clock="virtual", executor=executor)
             executor.samples = []
             run(wl, engine=engine)
+            for s in executor.samples:
+                s["segment"] = f"{_name}#{len(samples)}"     # this workload in this pass
             samples.extend(executor.samples)
     meta = {"model": model, "device": str(executor.inner.device), "dtype": str(executor.inner.dtype),
             "kv_capacity_tokens": executor.inner.num_kv_blocks * base.block_size,

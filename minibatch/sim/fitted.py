@@ -30,6 +30,11 @@ ch. 23), so each stays a cost (>= 0), in seconds per unit. By default the fit mi
 rounds of reweighting rather than by its own measured 1/t, which would favour the
 samples that happened to run fast and bias every prediction low.
 
+Samples that carry a ``"segment"`` (the profiler tags each workload of each pass) get
+a speed factor per segment, fitted jointly: the machine's speed drifts while it is
+profiled, and a slow spell during one workload would otherwise be charged to the batch
+shapes that workload happened to run. ``metadata["segment_slowdown"]`` reports them.
+
 This is Vidur's approach (Agrawal et al., MLSys'24: profile the operators over token
 counts, interpolate) reduced to one model of the whole step.
 """
@@ -177,6 +182,29 @@ def _environment() -> dict[str, Any]:
     return meta
 
 
+def _solve(X: np.ndarray, y: np.ndarray, features: Sequence[str], weighting: str) -> np.ndarray:
+    """Coefficients for ``X c ~ y``: all >= 0, g non-decreasing over its knots."""
+    # g must not fall as tokens grow: fit its increments between knots (each >= 0)
+    # instead of its values, i.e. columns summed from each knot upwards.
+    tents = sorted((int(f[len(TENT):]), i) for i, f in enumerate(features) if _is_tent(f))
+    order = [i for _, i in tents]
+    U = np.eye(len(features))
+    for a, i in enumerate(order):
+        U[i, order[:a + 1]] = 1.0          # g_i = sum of the increments up to knot i
+    Xc = X @ U
+    if weighting == "absolute":
+        return U @ nnls(Xc, y)
+    # Relative error, without the downward bias of weighting each row by its own (noisy)
+    # 1/t: start there, then reweight by 1/prediction a few times (iteratively
+    # reweighted least squares), which estimates the *mean* step time of each
+    # composition, what a simulated clock must add up.
+    inc = nnls(Xc / y[:, None], np.ones_like(y))
+    for _ in range(3):
+        pred = np.maximum(Xc @ inc, 1e-3 * y.min())
+        inc = nnls(Xc / pred[:, None], y / pred)
+    return U @ inc
+
+
 class FittedCostModel:
     """``t = sum_k coef_k * feature_k(batch)`` with coefficients fitted to measured steps."""
 
@@ -223,28 +251,33 @@ class FittedCostModel:
         if len(y) < len(features):
             raise ValueError(f"need at least {len(features)} samples to fit {len(features)} "
                              f"features, got {len(y)}")
-        # g must not fall as tokens grow: fit its increments between knots (each >= 0)
-        # instead of its values, i.e. columns summed from each knot upwards.
-        tents = sorted((int(f[len(TENT):]), i) for i, f in enumerate(features) if _is_tent(f))
-        order = [i for _, i in tents]
-        U = np.eye(len(features))
-        for a, i in enumerate(order):
-            U[i, order[:a + 1]] = 1.0          # g_i = sum of the increments up to knot i
-        Xc = X @ U
-        if weighting == "absolute":
-            inc = nnls(Xc, y)
+        segments = [s.get("segment") for s in samples]
+        speeds: dict[str, float] = {}
+        if len(set(segments)) > 1 and None not in segments:
+            # The machine's speed drifts while it is profiled (here by up to 1.5x for
+            # seconds at a time). Give each segment (one workload of one pass) its own
+            # speed factor, fitted jointly with the coefficients, so a slow spell during
+            # one workload does not inflate the costs of the batch shapes it happened to
+            # run; the coefficients describe the machine at its time-weighted mean speed.
+            ids = {seg: i for i, seg in enumerate(dict.fromkeys(segments))}
+            g = np.array([ids[seg] for seg in segments])
+            factor = np.ones(len(ids))
+            for _ in range(5):
+                coef = _solve(X, y / factor[g], features, weighting)
+                pred = X @ coef
+                raw = np.bincount(g, y, len(ids)) / np.maximum(np.bincount(g, pred, len(ids)), 1e-12)
+                factor = np.clip(raw * pred.sum() / y.sum(), 2 / 3, 3 / 2)    # mean 1, bounded
+            coef = _solve(X, y / factor[g], features, weighting)
+            coef *= y.sum() / (X @ coef).sum()          # predictions add up to the measured total
+            pred = X @ coef
+            slowdown = np.bincount(g, y, len(ids)) / np.maximum(np.bincount(g, pred, len(ids)), 1e-12)
+            speeds = {seg: round(float(slowdown[i]), 3) for seg, i in ids.items()}
         else:
-            # Relative error, without the downward bias of weighting each row by its own
-            # (noisy) 1/t: start there, then reweight by 1/prediction a few times
-            # (iteratively reweighted least squares), which estimates the *mean* step
-            # time of each composition, what a simulated clock must add up.
-            inc = nnls(Xc / y[:, None], np.ones_like(y))
-            for _ in range(3):
-                pred = np.maximum(Xc @ inc, 1e-3 * y.min())
-                inc = nnls(Xc / pred[:, None], y / pred)
-        coef = U @ inc
-        model = cls(dict(zip(features, coef.tolist())), num_samples=len(y),
-                    metadata={**_environment(), "weighting": weighting, **(metadata or {})})
+            coef = _solve(X, y, features, weighting)
+        meta = {**_environment(), "weighting": weighting, **(metadata or {})}
+        if speeds:
+            meta["segment_slowdown"] = speeds      # measured / predicted time, per segment
+        model = cls(dict(zip(features, coef.tolist())), num_samples=len(y), metadata=meta)
         model.r2, model.mean_rel_error, model.max_rel_error = model._scores(X, y)
         return model
 

@@ -176,3 +176,34 @@ def test_fitted_g_never_falls_as_tokens_grow():
     g = [fit.coefficients[f"tokens@{k}"] for k in (1, 2, 4, 8, 64)]
     assert all(a <= b + 1e-12 for a, b in zip(g, g[1:])), g
     assert g[0] == pytest.approx(3e-3, rel=0.15) and g[-1] == pytest.approx(9e-3, rel=0.05)
+
+
+def test_segment_speed_factors_keep_a_slow_spell_out_of_the_coefficients():
+    """One workload (segment) ran while the machine was 1.4x slower. Its batch shapes are
+    shared with other segments only in part; with segment factors the fit still recovers
+    the machine's costs, without them the shapes it ran come out too expensive."""
+    rng = random.Random(3)
+    true = {"tokens@1": 2e-3, "tokens@4": 2.5e-3, "tokens@16": 4e-3, "decode_ctx": 1e-7}
+    feats = tuple(true)
+    coef = np.array(list(true.values()))
+    samples = []
+    for seg, (sizes, slow) in enumerate([((1, 2, 4), 1.0), ((4, 8, 16), 1.4), ((1, 16), 1.0), ((2, 8), 1.0)]):
+        for _ in range(60):
+            decode = [rng.randint(10, 300) for _ in range(rng.choice(sizes))]
+            t = float(feature_vector([], decode, feats) @ coef) * slow * (1 + rng.gauss(0, 0.03))
+            samples.append({"prefill": [], "decode": decode, "time_s": t, "segment": f"w{seg}"})
+    plain = FittedCostModel.fit([{k: v for k, v in s_.items() if k != "segment"} for s_ in samples], features=feats)
+    split = FittedCostModel.fit(samples, features=feats)
+    slow_time = sum(s_["time_s"] for s_ in samples if s_["segment"] == "w1")
+    slow_share = slow_time / sum(s_["time_s"] for s_ in samples)
+    mean_speed = 1 / (1 - slow_share + slow_share / 1.4)     # time-weighted mean slowdown
+
+    def worst_error(model):
+        shapes = [([], [c] * b) for b in (1, 3, 4, 8, 16) for c in (30, 280)]
+        return max(abs(model.step_time(*sh) / (float(feature_vector(*sh, feats) @ coef) * mean_speed) - 1)
+                   for sh in shapes)
+
+    assert worst_error(split) < 0.03
+    assert worst_error(plain) > 2 * worst_error(split)
+    slowdown = split.metadata["segment_slowdown"]
+    assert slowdown["w1"] == pytest.approx(1.4 * slowdown["w0"], rel=0.05)
