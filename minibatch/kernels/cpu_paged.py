@@ -85,9 +85,11 @@ def load() -> ctypes.CDLL | None:
         if not path.exists():
             _build(path)
         lib = ctypes.CDLL(str(path))
-        fn = lib.paged_decode_attention_f32
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
+        for fn in (lib.paged_decode_attention_f32, lib.paged_decode_attention_f32_portable):
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
+        lib.avx512_path_for.restype = ctypes.c_int
+        lib.avx512_path_for.argtypes = [ctypes.c_int] * 3
         _lib = lib
     except Exception as e:  # no compiler, read-only cache, ...: keep the torch path
         build_error = f"{type(e).__name__}: {e}"
@@ -104,8 +106,17 @@ def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     return q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
 
 
-def paged_decode_attention_c(q, k_cache, v_cache, block_tables, context_lens, scale=None):
-    """Same contract as :func:`minibatch.kernels.reference.paged_decode_attention_ref`."""
+def uses_avx512(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether the kernel's AVX-512 path serves these sizes on this machine."""
+    lib = load()
+    return bool(lib is not None and lib.avx512_path_for(num_heads, num_kv_heads, head_dim))
+
+
+def paged_decode_attention_c(q, k_cache, v_cache, block_tables, context_lens, scale=None, portable=False):
+    """Same contract as :func:`minibatch.kernels.reference.paged_decode_attention_ref`.
+
+    ``portable=True`` forces the plain-C path even where the AVX-512 one would run.
+    """
     lib = load()
     if lib is None:
         raise RuntimeError(f"C paged-attention kernel unavailable: {build_error}")
@@ -122,7 +133,8 @@ def paged_decode_attention_c(q, k_cache, v_cache, block_tables, context_lens, sc
     out = torch.empty_like(q)
     if num_seqs == 0:
         return out
-    failed = lib.paged_decode_attention_f32(
+    fn = lib.paged_decode_attention_f32_portable if portable else lib.paged_decode_attention_f32
+    failed = fn(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
         out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim, block_size,
         tables.shape[1] if tables.dim() == 2 else 0, float(scale), torch.get_num_threads())

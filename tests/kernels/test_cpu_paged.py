@@ -21,16 +21,29 @@ needs_kernel = pytest.mark.skipif(not cpu_paged.available(),
 
 
 @needs_kernel
-@pytest.mark.parametrize("heads, kv_heads, head_dim", [(8, 4, 32), (8, 8, 64), (8, 1, 128), (6, 2, 48), (4, 4, 16)])
+@pytest.mark.parametrize("portable", [False, True], ids=["dispatch", "portable"])
+@pytest.mark.parametrize("heads, kv_heads, head_dim",
+                         [(8, 4, 32), (8, 8, 64), (8, 1, 128), (6, 2, 48), (4, 4, 16), (16, 1, 32), (6, 6, 96)])
 @pytest.mark.parametrize("block_size", [1, 8, 16])
-def test_decode_matches_reference(heads, kv_heads, head_dim, block_size):
-    lens = [1, block_size, block_size + 1, 2 * block_size - 1, 45, 130, 7, 300]
+def test_decode_matches_reference(heads, kv_heads, head_dim, block_size, portable):
+    # 300 and 700 tokens run past the AVX-512 path's 32-row prefetch distance; 7 and 1
+    # leave partial reduction trees.
+    lens = [1, block_size, block_size + 1, 2 * block_size - 1, 45, 130, 7, 300, 700]
     k, v, tables = _paged(lens, block_size, kv_heads, head_dim, seed=heads + block_size)
     q = torch.randn(len(lens), heads, head_dim)
     ctx = torch.tensor(lens, dtype=torch.int32)
     ref = paged_decode_attention_ref(q, k, v, tables, ctx)
-    out = cpu_paged.paged_decode_attention_c(q, k, v, tables, ctx)
+    out = cpu_paged.paged_decode_attention_c(q, k, v, tables, ctx, portable=portable)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+
+
+@needs_kernel
+def test_avx512_path_serves_the_common_shapes_where_the_cpu_has_it():
+    has_avx512 = "avx512f" in cpu_paged._cpu_signature().split()
+    assert cpu_paged.uses_avx512(8, 4, 32) == has_avx512       # the embedded model
+    assert cpu_paged.uses_avx512(32, 8, 128) == has_avx512     # Llama-3-8B's sizes
+    assert not cpu_paged.uses_avx512(6, 2, 48)                 # group of 3: portable path
+    assert not cpu_paged.uses_avx512(4, 4, 24)                 # head_dim not a multiple of 16
 
 
 @needs_kernel
