@@ -63,6 +63,8 @@ class ModelExecutor:
         self.num_kv_blocks = config.num_kv_blocks or self._blocks_from_budget()
         shape = (self.num_kv_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)
         self.backend = kernels.resolve_backend(config.attention_backend, self.device)
+        # The "cpu" backend also fuses RMSNorm, RoPE and the SwiGLU gate into C ops.
+        self.fused_ops = self.backend == "cpu" and self.model.use_fused_cpu_ops()
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(mc.num_layers)]

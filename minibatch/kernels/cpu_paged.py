@@ -1,6 +1,8 @@
-"""The C paged-decode kernel (``cpu_paged.c``), built on first use and called via ctypes.
+"""The CPU's C kernels, built on first use and called via ctypes.
 
-No torch headers, no build step at install: the first call compiles the 90-line C file
+``cpu_paged.c`` is paged decode attention; ``cpu_ops.c`` holds fused element-wise ops
+(RMSNorm, RoPE, the SwiGLU gate) for the float32 forward. No torch headers, no build
+step at install: the first call compiles the two C files
 with the machine's ``cc`` (about a second) into ``~/.cache/minibatch/`` (or
 ``$MINIBATCH_CACHE``), named by a hash of the source, the flags and the CPU, so
 ``-march=native`` is always right for the machine that runs it. Where there is no C
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu_paged.c")
+SOURCES = [Path(__file__).with_name("cpu_paged.c"), Path(__file__).with_name("cpu_ops.c")]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 _lib: ctypes.CDLL | None = None
@@ -48,7 +50,7 @@ def _cache_dir() -> Path:
 
 
 def library_path() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + _cpu_signature().encode())
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + " ".join(CFLAGS).encode() + _cpu_signature().encode())
     return _cache_dir() / f"cpu_paged_{key.hexdigest()[:16]}.so"
 
 
@@ -61,7 +63,7 @@ def _build(target: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"],
+        proc = subprocess.run([cc, *CFLAGS, *map(str, SOURCES), "-o", tmp, "-lm"],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
@@ -90,6 +92,13 @@ def load() -> ctypes.CDLL | None:
             fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
         lib.avx512_path_for.restype = ctypes.c_int
         lib.avx512_path_for.argtypes = [ctypes.c_int] * 3
+        P, L, I, F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
+        lib.rms_norm_f32.restype = None
+        lib.rms_norm_f32.argtypes = [P, L, P, P, L, L, I, F, I]
+        lib.silu_mul_f32.restype = None
+        lib.silu_mul_f32.argtypes = [P, P, L, I, I]
+        lib.rope_f32.restype = None
+        lib.rope_f32.argtypes = [P, L, L, I, I, P, P, P, I]
         _lib = lib
     except Exception as e:  # no compiler, read-only cache, ...: keep the torch path
         build_error = f"{type(e).__name__}: {e}"
@@ -141,3 +150,67 @@ def paged_decode_attention_c(q, k_cache, v_cache, block_tables, context_lens, sc
     if failed:
         raise MemoryError("C paged-attention kernel could not allocate its score buffer")
     return out
+
+
+# ---- fused element-wise ops (cpu_ops.c) -------------------------------------------------
+# Callers check :func:`ops_supported` first; these assume float32 CPU tensors.
+
+def ops_supported(x: torch.Tensor) -> bool:
+    """Whether the fused C ops can serve ``x`` (CPU float32, kernel built, not disabled)."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and load() is not None
+
+
+def rms_norm_c(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x * rsqrt(mean(x**2, -1) + eps) * weight`` in one pass over ``x``'s rows."""
+    dim = x.shape[-1]
+    x2 = x.reshape(-1, dim)                  # a view where the strides allow, else a copy
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(x2.shape, dtype=x.dtype)
+    w = weight.contiguous()
+    _lib.rms_norm_f32(x2.data_ptr(), x2.stride(0), w.data_ptr(), out.data_ptr(), dim, x2.shape[0], dim,
+                      float(eps), torch.get_num_threads())
+    return out.view(x.shape)
+
+
+def silu_mul_c(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for a ``[..., 2 * inter]`` gate|up projection output."""
+    gate_up = gate_up.contiguous()
+    inter = gate_up.shape[-1] // 2
+    rows = gate_up.numel() // (2 * inter)
+    out = torch.empty(*gate_up.shape[:-1], inter, dtype=gate_up.dtype)
+    _lib.silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, inter, torch.get_num_threads())
+    return out
+
+
+def rope_c_(x: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding in place on ``x`` of shape ``[n, heads, head_dim]``.
+
+    ``x`` may be a view into a wider row (the fused QKV output): its heads must be
+    contiguous within a token, tokens any stride apart. ``cos_cache``/``sin_cache`` are
+    ``[max_positions, head_dim]``; ``positions`` is int64 ``[n]``.
+    """
+    n, heads, head_dim = x.shape
+    if x.stride(2) != 1 or x.stride(1) != head_dim:
+        raise ValueError("rope_c_ needs each token's heads contiguous")
+    pos = positions.to(torch.int64).contiguous()
+    _lib.rope_f32(x.data_ptr(), x.stride(0), n, heads, head_dim, cos_cache.data_ptr(), sin_cache.data_ptr(),
+                  pos.data_ptr(), torch.get_num_threads())
+    return x
+
+
+def paged_prefill_attention_c(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale=None):
+    """Causal attention for ragged query chunks, by the decode kernel.
+
+    Same contract as :func:`minibatch.kernels.reference.paged_prefill_attention_ref`.
+    A query token at absolute position ``p`` attends to the cached keys ``0..p`` (its
+    own chunk's K/V are already stored), which is exactly one decode query over a
+    context of ``p + 1`` tokens. So each query token becomes one row of a decode call,
+    with its sequence's block table: no page gather, no padding, no per-sequence loop.
+    """
+    starts = query_start_loc.to(torch.int64)
+    q_lens = starts[1:] - starts[:-1]
+    seq_of = torch.repeat_interleave(torch.arange(q_lens.numel()), q_lens)
+    index_in_chunk = torch.arange(q.shape[0]) - starts[:-1][seq_of]
+    lens = (context_lens.to(torch.int64)[seq_of] - q_lens[seq_of] + index_in_chunk + 1).to(torch.int32)
+    return paged_decode_attention_c(q, k_cache, v_cache, block_tables[seq_of], lens, scale)

@@ -103,3 +103,38 @@ def test_no_compiler_falls_back_to_torch_with_a_reason(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+def _prefill_case(q_lens, ctx_lens, block_size=16, heads=8, kv_heads=4, head_dim=32, seed=0):
+    k, v, tables = _paged(ctx_lens, block_size, kv_heads, head_dim, seed=seed)
+    q = torch.randn(sum(q_lens), heads, head_dim, generator=torch.Generator().manual_seed(seed))
+    starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    return q, k, v, tables.clamp(min=0), torch.tensor(ctx_lens, dtype=torch.int32), starts
+
+
+@needs_kernel
+@pytest.mark.parametrize("q_lens, ctx_lens", [
+    ([136] * 3, [136] * 3),                          # whole prompts
+    ([1, 17, 40, 5], [1, 57, 40, 305]),              # chunks after cached context (chunked prefill, prefix hits)
+    ([16, 16], [16, 32]),                            # block-aligned
+])
+def test_prefill_by_the_decode_kernel_matches_reference(q_lens, ctx_lens):
+    from minibatch.kernels.reference import paged_prefill_attention_ref
+    args = _prefill_case(q_lens, ctx_lens)
+    ref = paged_prefill_attention_ref(*args)
+    torch.testing.assert_close(cpu_paged.paged_prefill_attention_c(*args), ref, atol=2e-5, rtol=2e-5)
+
+
+@needs_kernel
+def test_prefill_dispatch_splits_short_and_long_contexts(monkeypatch):
+    """Short contexts go to the C kernel, long ones to torch; rows land back in order."""
+    from minibatch.kernels.reference import paged_prefill_attention_ref
+    calls = []
+    real_c = cpu_paged.paged_prefill_attention_c
+    monkeypatch.setattr(cpu_paged, "paged_prefill_attention_c",
+                        lambda q, *a: calls.append(("c", q.shape[0])) or real_c(q, *a))
+    limit = kernels.C_PREFILL_MAX_CONTEXT
+    args = _prefill_case([30, 64, 7, 20], [30, limit + 100, 7, limit + 20], seed=5)
+    out = kernels.paged_prefill_attention(*args, backend="cpu")
+    torch.testing.assert_close(out, paged_prefill_attention_ref(*args), atol=2e-5, rtol=2e-5)
+    assert calls == [("c", 37)]                      # the two short sequences, 30 + 7 query rows

@@ -1,0 +1,72 @@
+/*
+ * Fused element-wise ops for the CPU float32 forward, built with cpu_paged.c into one
+ * shared object (see cpu_paged.py).
+ *
+ * In torch each of these is several passes over memory and several op dispatches:
+ * RMSNorm is pow, mean, add, rsqrt, mul, mul; RoPE is neg, cat, mul, mul, add; the
+ * SwiGLU gate is silu then mul. Here each is one pass, parallel over rows with OpenMP
+ * when the rows are many. The arithmetic is the same as the torch expressions they
+ * replace (the models' reference code), up to summation order and contraction of
+ * a * b + c into one fused multiply-add.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
+float expf(float) __attribute__((__simd__("notinbranch")));   /* libmvec; see cpu_paged.c */
+#endif
+
+/* Below this many floats a parallel region costs more than it saves. */
+#define PARALLEL_MIN 32768
+
+/* out[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * w, for rows of dim floats.
+ * x and out have row strides x_stride and out_stride (floats); they may be equal. */
+void rms_norm_f32(const float *x, long x_stride, const float *w, float *out, long out_stride,
+                  long rows, int dim, float eps, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) if (rows * dim >= PARALLEL_MIN) schedule(static)
+    for (long r = 0; r < rows; r++) {
+        const float *xr = x + r * x_stride;
+        float *o = out + r * out_stride;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int i = 0; i < dim; i++) ss += xr[i] * xr[i];
+        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma omp simd
+        for (int i = 0; i < dim; i++) o[i] = (xr[i] * inv) * w[i];
+    }
+}
+
+/* out[r, i] = silu(gu[r, i]) * gu[r, inter + i]: the SwiGLU gate over a fused
+ * gate|up projection of width 2 * inter. silu(g) = g / (1 + exp(-g)). */
+void silu_mul_f32(const float *gu, float *out, long rows, int inter, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) if (rows * inter >= PARALLEL_MIN) schedule(static)
+    for (long r = 0; r < rows; r++) {
+        const float *g = gu + r * 2L * inter, *u = g + inter;
+        float *o = out + r * (long)inter;
+#pragma omp simd
+        for (int i = 0; i < inter; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+/* Rotary embedding in place, rotate-half convention (Llama, Qwen, Mistral):
+ * for each token n and each of its `heads` heads x (head_dim floats, halves x1 and x2),
+ *   x1' = x1 * cos[:d/2] - x2 * sin[:d/2],   x2' = x2 * cos[d/2:] + x1 * sin[d/2:],
+ * with cos/sin rows [max_positions, head_dim] picked by positions[n]. Heads of a token
+ * are contiguous from x + n * stride. */
+void rope_f32(float *x, long stride, long n, int heads, int head_dim, const float *cos_cache,
+              const float *sin_cache, const int64_t *positions, int num_threads) {
+    const int half = head_dim / 2;
+#pragma omp parallel for num_threads(num_threads) if (n * heads * head_dim >= PARALLEL_MIN) schedule(static)
+    for (long t = 0; t < n; t++) {
+        const float *c = cos_cache + positions[t] * head_dim, *s = sin_cache + positions[t] * head_dim;
+        for (int h = 0; h < heads; h++) {
+            float *x1 = x + t * stride + (long)h * head_dim, *x2 = x1 + half;
+#pragma omp simd
+            for (int i = 0; i < half; i++) {
+                const float a = x1[i], b = x2[i];
+                x1[i] = a * c[i] - b * s[i];
+                x2[i] = b * c[half + i] + a * s[half + i];
+            }
+        }
+    }
+}
