@@ -7,7 +7,7 @@ import torch
 
 from minibatch import LLM, SamplingParams
 from minibatch.request import Request
-from minibatch.sampler import apply_top_k_top_p, sample
+from minibatch.sampler import apply_top_k_top_p, draw_inverse_cdf, sample
 
 
 def test_top_k_and_top_p_masks():
@@ -16,6 +16,25 @@ def test_top_k_and_top_p_masks():
     # top_p=0.7: 0.5 alone < 0.7, 0.5+0.3 >= 0.7 -> keep two tokens.
     assert torch.isfinite(apply_top_k_top_p(z.clone(), [-1], [0.7])).tolist() == [[True, True, False, False]]
     assert torch.isfinite(apply_top_k_top_p(z.clone(), [-1], [0.1])).tolist() == [[True, False, False, False]]
+
+
+def test_inverse_cdf_draw_never_picks_a_masked_token():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]] * 4)
+    u = torch.tensor([[0.0], [0.4999], [0.5], [1.0 - 2 ** -53]], dtype=torch.float64)
+    assert draw_inverse_cdf(probs, u).tolist() == [1, 1, 3, 3]
+    # Rows that do not sum to 1 (float32 softmax) are scaled, and an overshoot past the
+    # end (u == 1) falls back to a token that has probability.
+    assert draw_inverse_cdf(torch.tensor([[0.2, 0.3, 0.0]]), torch.tensor([[1.0]], dtype=torch.float64)).tolist() == [1]
+
+
+def test_batched_unseeded_sampling_follows_each_rows_distribution():
+    torch.manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [-1.0, 0.0, 3.0, 0.0]]).repeat(1500, 1)
+    reqs = [Request(str(i), [1], SamplingParams(temperature=1.0), 0.0) for i in range(len(logits))]
+    draws = torch.tensor(sample(logits, reqs)).view(1500, 2)
+    for col in range(2):
+        freq = torch.bincount(draws[:, col], minlength=4).float() / 1500
+        assert torch.allclose(freq, torch.softmax(logits[col], -1), atol=0.04)
 
 
 def test_sampling_follows_temperature_and_is_seeded():
