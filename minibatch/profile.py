@@ -18,11 +18,15 @@ times the engine's fastest, steadiest mode on an idle machine, as
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import sys
 import time
 
 from minibatch.executor import StepOutput
+
+_PASSES = itertools.count()     # profile_engine calls in this process
 
 
 class RecordingExecutor:
@@ -86,6 +90,9 @@ def profile_engine(model: str = "tiny", scale: float = 1.0, repeats: int = 1, **
     base = EngineConfig.from_kwargs(model=model, **engine_kwargs)
     executor = RecordingExecutor(ModelExecutor(base))
     samples: list[dict] = []
+    # Segment names must differ between calls too: sim_fidelity fits two passes together,
+    # and a shared name would give both passes' runs of a workload one speed factor.
+    tag = f"{os.getpid()}.{next(_PASSES)}"
     for _ in range(repeats):
         for _name, kw, wl in training_workloads(scale):
             cfg = EngineConfig.from_kwargs(**{**{k: v for k, v in vars(base).items() if k != "extra"}, **kw})
@@ -93,7 +100,7 @@ def profile_engine(model: str = "tiny", scale: float = 1.0, repeats: int = 1, **
             executor.samples = []
             run(wl, engine=engine)
             for s in executor.samples:
-                s["segment"] = f"{_name}#{len(samples)}"     # this workload in this pass
+                s["segment"] = f"{_name}#{tag}.{len(samples)}"     # this workload in this pass
             samples.extend(executor.samples)
     meta = {"model": model, "device": str(executor.inner.device), "dtype": str(executor.inner.dtype),
             "kv_capacity_tokens": executor.inner.num_kv_blocks * base.block_size,

@@ -54,6 +54,21 @@ INLINE void axpy(float *y, const float a, const float *x, const int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+/* Softmax over t of each of `rows` score rows of length ctx (max-subtracted). */
+INLINE void softmax_rows(float *scores, const int rows, const int ctx) {
+    for (int h = 0; h < rows; h++) {
+        float *p = scores + (long)h * ctx;
+        float m = p[0], sum = 0.0f;
+#pragma omp simd reduction(max : m)
+        for (int t = 1; t < ctx; t++) m = p[t] > m ? p[t] : m;
+#pragma omp simd reduction(+ : sum)
+        for (int t = 0; t < ctx; t++) { p[t] = expf(p[t] - m); sum += p[t]; }
+        const float inv = 1.0f / sum;
+#pragma omp simd
+        for (int t = 0; t < ctx; t++) p[t] *= inv;
+    }
+}
+
 /* One sequence, all heads. A cached token's K (or V) row holds all KV heads side by
  * side, so reading a token for every head streams one contiguous row.
  * scores: scratch of num_heads * ctx floats. */
@@ -71,18 +86,7 @@ INLINE void attend_one(const float *q, const float *k_cache, const float *v_cach
         for (int h = 0; h < num_heads; h++)
             scores[(long)h * ctx + t] = scale * dot(q + (long)h * head_dim, k + (long)(h / group) * head_dim, head_dim);
     }
-    /* Softmax over t for each head (max-subtracted). */
-    for (int h = 0; h < num_heads; h++) {
-        float *p = scores + (long)h * ctx;
-        float m = p[0], sum = 0.0f;
-#pragma omp simd reduction(max : m)
-        for (int t = 1; t < ctx; t++) m = p[t] > m ? p[t] : m;
-#pragma omp simd reduction(+ : sum)
-        for (int t = 0; t < ctx; t++) { p[t] = expf(p[t] - m); sum += p[t]; }
-        const float inv = 1.0f / sum;
-#pragma omp simd
-        for (int t = 0; t < ctx; t++) p[t] *= inv;
-    }
+    softmax_rows(scores, num_heads, ctx);
     /* Pass 2: out[h] = sum_t p[h, t] * v_t[h / group] */
     for (int t = 0; t < ctx; t++) {
         const float *v = v_cache + ((long)table[t / block_size] * block_size + t % block_size) * row;
@@ -95,7 +99,7 @@ INLINE void attend_one(const float *q, const float *k_cache, const float *v_cach
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
-/* ---- AVX-512 path: one (sequence, KV head) per work item ---------------------------
+/* ---- AVX-512 path: one sequence, all heads, per work item --------------------------
  * Pass 1 needs a dot product per (token, query head). Reducing each 16-lane product
  * vector on its own costs ~8 shuffles and adds; instead 16 of them are reduced
  * together by a transpose tree (15 steps of two shuffles and an add), which returns
@@ -114,7 +118,7 @@ INLINE __m512 reduce16(__m512 v[16]) {
 
 /* Walks a sequence's cached rows in token order, with no division per token. */
 typedef struct {
-    const float *base;        /* the cache, offset to this KV head within a row */
+    const float *base;        /* the K or V cache */
     const int32_t *table;     /* the sequence's block table */
     long row;                 /* floats per cached token */
     int block_size, next_block, in_block;
@@ -217,20 +221,6 @@ INLINE void values_avx512(const float *v_cache, const int32_t *table, const int 
                 }
             }
         }
-    }
-}
-
-INLINE void softmax_rows(float *scores, const int rows, const int ctx) {
-    for (int h = 0; h < rows; h++) {
-        float *p = scores + (long)h * ctx;
-        float m = p[0], sum = 0.0f;
-#pragma omp simd reduction(max : m)
-        for (int t = 1; t < ctx; t++) m = p[t] > m ? p[t] : m;
-#pragma omp simd reduction(+ : sum)
-        for (int t = 0; t < ctx; t++) { p[t] = expf(p[t] - m); sum += p[t]; }
-        const float inv = 1.0f / sum;
-#pragma omp simd
-        for (int t = 0; t < ctx; t++) p[t] *= inv;
     }
 }
 

@@ -26,6 +26,13 @@ def test_profile_fit_and_simulate(tmp_path):
     assert min(tokens) == 1 and max(tokens) >= 1024          # single decodes up to big prefill chunks
     assert all(s["time_s"] > 0 for s in samples)
     assert meta["model"] == "tiny" and meta["kv_capacity_tokens"] > 0
+    # One segment per workload per pass, named apart from every other pass's, so that a
+    # fit over two passes (as sim_fidelity does) gives each its own speed factor.
+    names = [name for name, _, _ in training_workloads(0.15)]
+    segments = list(dict.fromkeys(s["segment"] for s in samples))
+    assert [seg.split("#")[0] for seg in segments] == names
+    again, _ = profile_engine("tiny", scale=0.05)
+    assert not {s["segment"] for s in again} & set(segments)
 
     out = tmp_path / "tiny.json"
     assert cli(["profile", "--model", "tiny", "--scale", "0.15", "--out", str(out)]) == 0
