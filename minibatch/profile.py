@@ -8,6 +8,11 @@ simulator then replays other workloads with ``hardware="profile:FILE"``.
 
     python -m minibatch profile --model tiny --out profiles/tiny-cpu.json
 
+The engine is warmed up first (``ModelExecutor.warm_up``: oneDNN builds a kernel for
+each new GEMM shape, ~3 ms per step the first time a batch size occurs), so the model
+predicts a warmed-up engine; GEMM row counts are bucketed (``gemm_rows``), which
+bounds the shapes a run can meet.
+
 Profile under the conditions you will predict: the same machine, quiet, and the same
 OpenMP setting. (minibatch defaults to ``OMP_WAIT_POLICY=PASSIVE``, robust when
 processes share the cores; ``OMP_WAIT_POLICY=ACTIVE python -m minibatch profile ...``
@@ -89,6 +94,9 @@ def profile_engine(model: str = "tiny", scale: float = 1.0, repeats: int = 1, **
 
     base = EngineConfig.from_kwargs(model=model, **engine_kwargs)
     executor = RecordingExecutor(ModelExecutor(base))
+    # Time a warmed-up engine: every GEMM kernel built before the first timed step
+    # (otherwise each batch size's first step carries ~3 ms of oneDNN kernel building).
+    executor.inner.warm_up()
     samples: list[dict] = []
     # Segment names must differ between calls too: sim_fidelity fits two passes together,
     # and a shared name would give both passes' runs of a workload one speed factor.

@@ -15,6 +15,7 @@ Layer math (per token ``x``): ``h = x + Attn(RMSNorm(x))``, ``y = h + MLP(RMSNor
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -253,11 +254,62 @@ class LlamaModel(nn.Module):
         return True
 
 
+def warm_up_gemms(model: "LlamaModel", max_rows: int, max_sampled_rows: int) -> int:
+    """Build oneDNN's kernel for every GEMM shape a run can meet, before timing anything.
+
+    Runs each distinct prepacked projection once per :func:`gemm_rows` size up to
+    ``max_rows`` (the LM head up to ``max_sampled_rows``) on zeros. Returns the number of
+    GEMMs run; 0 where the weights are not prepacked.
+    """
+    if model._packed_lm_head is None:
+        return 0
+    shapes: dict[tuple, nn.Linear] = {}
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and hasattr(module, "_packed"):
+            shapes.setdefault((tuple(module.weight.shape), module.bias is not None), module)
+    sizes = sorted({gemm_rows(m) for m in range(1, max_rows + 1)})
+    n = 0
+    with torch.inference_mode():
+        for module in shapes.values():
+            for rows in sizes:
+                module(torch.zeros(rows, module.in_features))
+                n += 1
+        for rows in (r for r in sizes if r <= gemm_rows(max_sampled_rows)):
+            model.compute_logits(torch.zeros(rows, model.config.hidden_size))
+            n += 1
+    return n
+
+
 def _pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
 
+def gemm_rows(m: int) -> int:
+    """The row count a GEMM of ``m`` rows is padded to: exact up to 32, then 16 sizes per
+    doubling (32 + 16 * 6 = 128 sizes up to 2048; at most 6% extra rows, ~3% on average).
+
+    oneDNN builds and JIT-compiles a kernel ("primitive") for every new GEMM shape, about
+    0.5 ms each here, ~3 ms for the model's five weight shapes. Batch sizes change every
+    step in a serving engine, so without buckets a busy run keeps paying that (and churns
+    oneDNN's 1024-entry primitive cache); with them each size is built once per process.
+    This is the CPU cousin of vLLM padding batches to its captured CUDA-graph sizes.
+    """
+    if m <= 32:
+        return m
+    step = 1 << ((m - 1).bit_length() - 5)
+    return -(-m // step) * step
+
+
+_BUCKETS = os.environ.get("MINIBATCH_GEMM_BUCKETS", "1") != "0"
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    m = x.shape[0]
+    rows = gemm_rows(m) if _BUCKETS and x.dim() == 2 else m
+    if rows != m:                                   # zero rows below; their outputs are dropped
+        padded = x.new_zeros(rows, x.shape[1])
+        padded[:m] = x
+        return torch.ops.mkldnn._linear_pointwise(padded, packed, bias, "none", [], "")[:m]
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
 
