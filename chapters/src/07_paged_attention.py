@@ -324,8 +324,11 @@ for on in (False, True):
 # 这一步每读一个字节的 KV 只做约 1 次浮点运算，是典型的访存受限（第 2 章）。minibatch 的 Triton 内核
 # `minibatch/kernels/triton_decode.py` 把它写成一个程序（Program，相当于 CUDA 的一个线程块）处理
 # **一条序列的一个 KV 头**，并一次算完共享这个 KV 头的全部 $G$ 个查询头（GQA 分组），这样每个 K/V 块只读一次。
-# （在 CPU 上，引擎默认用同样思路的 C 内核 `minibatch/kernels/cpu_paged.c`：一个 OpenMP 任务处理一条序列，
-# 按块表逐 Token 读 K、V 各一遍，不把分页的 KV 复制成连续张量；约 90 行，可以对照着读。）
+# （在 CPU 上，引擎默认用同样思路的 C 内核 `minibatch/kernels/cpu_paged.c`：一个 OpenMP 任务处理一条序列的全部头，
+# 按块表逐 Token 读 K、V 各一遍，不把分页的 KV 复制成连续张量。它有两条路径：可移植的 C 循环，和 AVX-512 版本
+# （16 个点积一起做一次转置归约（Transpose Reduction），提前 32 行预取 K/V；两者从内存读 KV 的实测带宽可用
+# `python benchmarks/cpu_attention.py` 对比）。上下文不超过 512 的预填充块也交给它：块里每个查询 Token
+# 恰好是一次“上下文为自身位置 + 1”的解码。）
 # 模块文档说明了整体算法：
 
 # %%
