@@ -82,6 +82,12 @@ def training_workloads(scale: float = 1.0):
          synthetic(max(4, n // 3), float("inf"), input_len=uniform(400, 900), output_len=uniform(20, 60), seed=18)),
         ("small-batches", dict(max_num_seqs=4), synthetic(max(4, n // 2), 5.0, input_len=uniform(16, 200),
                                                           output_len=fixed(16), seed=14)),
+        # Steady decoding at 2-8 sequences: the bend of g(M) at small M, which the
+        # workloads above (mostly 1 sequence, or dozens) only pass through.
+        ("small-decode", dict(max_num_seqs=8), synthetic(n, float("inf"), input_len=uniform(16, 160),
+                                                         output_len=uniform(16, 64), seed=20)),
+        ("pairs", dict(max_num_seqs=2), synthetic(max(4, n // 2), float("inf"), input_len=uniform(16, 200),
+                                                  output_len=fixed(32), seed=21)),
     ]
 
 
