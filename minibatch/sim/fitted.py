@@ -317,20 +317,6 @@ class FittedCostModel:
             t += sum(w * g for w, g in zip(tent_values(m, self._knots), self._g))
         return float(t)
 
-    def scaled(self, factor: float) -> "FittedCostModel":
-        """This model with every step ``factor`` times as long (a slower or faster machine).
-
-        ``t`` is linear in the coefficients, so scaling them scales every prediction.
-        ``benchmarks/sim_fidelity.py`` uses it to simulate at the speed a fixed probe
-        measured on the drifting machine at the time of each real run.
-        """
-        if not np.isfinite(factor) or factor <= 0:
-            raise ValueError(f"factor must be a positive number, got {factor!r}")
-        meta = {**self.metadata, "speed_factor": self.metadata.get("speed_factor", 1.0) * float(factor)}
-        return FittedCostModel(dict(zip(self.feature_names, (self.coef * factor).tolist())), r2=self.r2,
-                               mean_rel_error=self.mean_rel_error, max_rel_error=self.max_rel_error,
-                               num_samples=self.num_samples, metadata=meta)
-
     def kv_capacity_tokens(self, *args, **kwargs) -> int | None:
         """Stored ``metadata["kv_capacity_tokens"]`` if the profiler recorded it, else None
         (a fit of step times knows nothing of memory; the engine's own budget applies)."""

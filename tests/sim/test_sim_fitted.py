@@ -208,14 +208,3 @@ def test_segment_speed_factors_keep_a_slow_spell_out_of_the_coefficients():
     slowdown = split.metadata["segment_slowdown"]
     assert slowdown["w1"] == pytest.approx(1.4 * slowdown["w0"], rel=0.05)
 
-
-def test_scaled_model_scales_every_prediction():
-    samples = synthetic_samples(n=120, seed=4)
-    model = FittedCostModel.fit(samples)
-    slow = model.scaled(1.25)
-    for s in samples[:20]:
-        assert slow.step_time(s["prefill"], s["decode"]) == pytest.approx(1.25 * model.step_time(s["prefill"], s["decode"]))
-    assert slow.metadata["speed_factor"] == pytest.approx(1.25)
-    assert slow.scaled(0.8).metadata["speed_factor"] == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="positive"):
-        model.scaled(0.0)
