@@ -251,12 +251,27 @@ static void attend_seq_dispatch(const float *q, const float *k_cache, const floa
     }
 }
 
-static int decode_avx512(const float *q, const float *k_cache, const float *v_cache,
-                         const int32_t *block_tables, const int32_t *context_lens, float *out,
-                         int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
-                         int table_width, float scale, int num_threads) {
-    const int group = num_heads / num_kv_heads;
-    const long stride = (long)num_heads * head_dim, row = (long)num_kv_heads * head_dim;
+#endif
+
+/* Portable per-sequence attention; constant head sizes let the compiler unroll the dot
+ * products fully. */
+static void attend_portable(const float *q, const float *k_cache, const float *v_cache, const int32_t *table,
+                            int ctx, float *out, float *scores, int num_heads, int num_kv_heads, int head_dim,
+                            int block_size, float scale) {
+    switch (head_dim) {
+    case 32: attend_one(q, k_cache, v_cache, table, ctx, out, scores, num_heads, num_kv_heads, 32, block_size, scale); break;
+    case 64: attend_one(q, k_cache, v_cache, table, ctx, out, scores, num_heads, num_kv_heads, 64, block_size, scale); break;
+    case 128: attend_one(q, k_cache, v_cache, table, ctx, out, scores, num_heads, num_kv_heads, 128, block_size, scale); break;
+    default: attend_one(q, k_cache, v_cache, table, ctx, out, scores, num_heads, num_kv_heads, head_dim, block_size, scale);
+    }
+}
+
+/* Both paths: sequences spread over the threads, each thread with its own score scratch
+ * (grown as needed). Returns 1 if a scratch allocation failed. */
+static int run_decode(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
+                      const int32_t *context_lens, float *out, int num_seqs, int num_heads, int num_kv_heads,
+                      int head_dim, int block_size, int table_width, float scale, int num_threads, int avx512) {
+    const long stride = (long)num_heads * head_dim;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
@@ -265,22 +280,32 @@ static int decode_avx512(const float *q, const float *k_cache, const float *v_ca
 #pragma omp for schedule(dynamic, 1)
         for (int s = 0; s < num_seqs; s++) {
             const int ctx = context_lens[s];
-            if (ctx <= 0) { memset(out + s * stride, 0, sizeof(float) * stride); continue; }
+            float *o = out + s * stride;
+            if (ctx <= 0) { memset(o, 0, sizeof(float) * stride); continue; }
             if ((long)ctx * num_heads > capacity) {
                 free(scores);
                 capacity = (long)ctx * num_heads;
                 scores = malloc(sizeof(float) * capacity);
                 if (!scores) { capacity = 0; failed = 1; continue; }
             }
+            const float *qs = q + s * stride;
             const int32_t *table = block_tables + (long)s * table_width;
-            attend_seq_dispatch(q + s * stride, k_cache, v_cache, table, ctx, out + s * stride, scores,
-                                num_kv_heads, group, head_dim / 16, row, block_size, scale);
+#if defined(__AVX512F__)
+            if (avx512) {
+                attend_seq_dispatch(qs, k_cache, v_cache, table, ctx, o, scores, num_kv_heads,
+                                    num_heads / num_kv_heads, head_dim / 16, (long)num_kv_heads * head_dim,
+                                    block_size, scale);
+                continue;
+            }
+#endif
+            attend_portable(qs, k_cache, v_cache, table, ctx, o, scores, num_heads, num_kv_heads, head_dim,
+                            block_size, scale);
         }
         free(scores);
     }
+    (void)avx512;
     return failed;
 }
-#endif
 
 /* The portable path, exported on its own so tests and benchmarks can compare the two. */
 int paged_decode_attention_f32_portable(const float *q, const float *k_cache, const float *v_cache,
@@ -288,36 +313,8 @@ int paged_decode_attention_f32_portable(const float *q, const float *k_cache, co
                                         float *out, int num_seqs, int num_heads, int num_kv_heads,
                                         int head_dim, int block_size, int table_width, float scale,
                                         int num_threads) {
-    const long stride = (long)num_heads * head_dim;
-    int failed = 0;
-#pragma omp parallel num_threads(num_threads)
-    {
-        int capacity = 0;
-        float *scores = NULL;     /* per-thread scratch, grown as needed */
-#pragma omp for schedule(dynamic, 1)
-        for (int s = 0; s < num_seqs; s++) {
-            const int ctx = context_lens[s];
-            float *o = out + s * stride;
-            if (ctx <= 0) { memset(o, 0, sizeof(float) * stride); continue; }
-            if (ctx * num_heads > capacity) {
-                free(scores);
-                capacity = ctx * num_heads;
-                scores = malloc(sizeof(float) * capacity);
-                if (!scores) { capacity = 0; failed = 1; continue; }
-            }
-            const float *qs = q + s * stride;
-            const int32_t *table = block_tables + (long)s * table_width;
-            /* Constant head sizes let the compiler unroll the dot products fully. */
-            switch (head_dim) {
-            case 32: attend_one(qs, k_cache, v_cache, table, ctx, o, scores, num_heads, num_kv_heads, 32, block_size, scale); break;
-            case 64: attend_one(qs, k_cache, v_cache, table, ctx, o, scores, num_heads, num_kv_heads, 64, block_size, scale); break;
-            case 128: attend_one(qs, k_cache, v_cache, table, ctx, o, scores, num_heads, num_kv_heads, 128, block_size, scale); break;
-            default: attend_one(qs, k_cache, v_cache, table, ctx, o, scores, num_heads, num_kv_heads, head_dim, block_size, scale);
-            }
-        }
-        free(scores);
-    }
-    return failed;
+    return run_decode(q, k_cache, v_cache, block_tables, context_lens, out, num_seqs, num_heads, num_kv_heads,
+                      head_dim, block_size, table_width, scale, num_threads, 0);
 }
 
 /* 1 when the AVX-512 path serves these sizes on this build, else 0. */
@@ -336,12 +333,7 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
                                float *out, int num_seqs, int num_heads, int num_kv_heads,
                                int head_dim, int block_size, int table_width, float scale,
                                int num_threads) {
-#if defined(__AVX512F__)
-    if (avx512_path_for(num_heads, num_kv_heads, head_dim))
-        return decode_avx512(q, k_cache, v_cache, block_tables, context_lens, out, num_seqs, num_heads,
-                             num_kv_heads, head_dim, block_size, table_width, scale, num_threads);
-#endif
-    return paged_decode_attention_f32_portable(q, k_cache, v_cache, block_tables, context_lens, out,
-                                               num_seqs, num_heads, num_kv_heads, head_dim, block_size,
-                                               table_width, scale, num_threads);
+    return run_decode(q, k_cache, v_cache, block_tables, context_lens, out, num_seqs, num_heads, num_kv_heads,
+                      head_dim, block_size, table_width, scale, num_threads,
+                      avx512_path_for(num_heads, num_kv_heads, head_dim));
 }
