@@ -30,16 +30,18 @@ import sys
 import time
 
 from minibatch.executor import StepOutput
+from minibatch.sim.fitted import next_recency
 
 _PASSES = itertools.count()     # profile_engine calls in this process
 
 
 class RecordingExecutor:
-    """Wraps an executor; keeps ``{"prefill", "decode", "time_s"}`` for every step."""
+    """Wraps an executor; keeps ``{"prefill", "decode", "time_s", "recency"}`` for every step."""
 
     def __init__(self, inner):
         self.inner = inner
         self.samples: list[dict] = []
+        self.recency = 0.0          # see minibatch.sim.fitted.next_recency
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -50,7 +52,9 @@ class RecordingExecutor:
             ctx = req.num_computed_tokens + n
             (decode.append(ctx) if n == 1 else prefill.append((n, ctx)))
         out = self.inner.execute(batch, kv)
-        self.samples.append({"prefill": prefill, "decode": decode, "time_s": out.duration})
+        self.samples.append({"prefill": prefill, "decode": decode, "time_s": out.duration,
+                             "recency": self.recency})
+        self.recency = next_recency(self.recency, prefill, decode)
         return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from minibatch.config import EngineConfig
 from minibatch.executor import StepOutput
 from minibatch.scheduler import ScheduledBatch
+from minibatch.sim.fitted import FittedCostModel, next_recency
 
 PLACEHOLDER_TOKEN = 1
 DEFAULT_HARDWARE = "a100-80g"
@@ -29,6 +30,7 @@ class SimExecutor:
         self.model_spec = get_model_spec(model)
         self.hardware = config.hardware or DEFAULT_HARDWARE
         self.cost_model = make_cost_model(self.model_spec, self.hardware)
+        self._recency = 0.0      # a fitted model's after-big-step term (minibatch.sim.fitted)
         self.max_model_len = self.model_spec.max_model_len
         self.vocab_size = self.model_spec.vocab_size
         if config.num_kv_blocks is not None:
@@ -51,5 +53,9 @@ class SimExecutor:
                 prefill.append((n, ctx))
             if ctx == req.num_tokens:
                 sampled.append((req, PLACEHOLDER_TOKEN))
-        t = self.cost_model.step_time(prefill, decode)
+        if isinstance(self.cost_model, FittedCostModel):
+            t = self.cost_model.step_time(prefill, decode, recency=self._recency)
+            self._recency = next_recency(self._recency, prefill, decode)
+        else:
+            t = self.cost_model.step_time(prefill, decode)
         return StepOutput(sampled, t, t)

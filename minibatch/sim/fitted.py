@@ -9,6 +9,7 @@ compositions and calls :meth:`FittedCostModel.fit`. The default model is::
                                                  #   P = n*(c-n) + n*(n+1)/2
       + c_decode_ctx   * sum_j c_j               # reading each decode sequence's KV cache
       + c_num_seqs     * (#prefill + D)          # per-sequence work: sampling, bookkeeping
+      + c_after_big    * recency                 # caches still cold after a big step
 
 with M = sum_i n_i + D the step's tokens (prefill chunks of n_i new tokens and context
 c_i after them, plus D decoding sequences of context c_j). ``g`` is piecewise linear
@@ -66,7 +67,24 @@ FEATURES: dict[str, Callable[[Prefill, Sequence[int]], float]] = {
     "decode_ctx": lambda p, d: float(sum(d)),
     "num_seqs": lambda p, d: float(len(p) + len(d)),
     "prefill_seqs": lambda p, d: float(len(p)),
+    # Not a function of the step alone: the step's ``recency`` (see next_recency), which
+    # feature_vector and step_time take as an argument.
+    "after_big_step": lambda p, d: 0.0,
 }
+
+#: A step soon after a big one runs slower. Measured here on decode steps of 1-4
+#: sequences: +20% the step right after a step of more than 32 tokens, +8% the next, no
+#: difference by the fourth (the big step's working set has pushed the weights out of
+#: the caches). ``recency`` counts earlier big steps, each weighted by RECENCY_DECAY per
+#: step since: 1 right after one, 0.5 a step later, and so on.
+BIG_STEP_TOKENS = 32
+RECENCY_DECAY = 0.5
+
+
+def next_recency(recency: float, prefill: Prefill, decode_context_lens: Sequence[int]) -> float:
+    """The recency of the step after this one (this one of ``recency``, composition given)."""
+    big = step_tokens(prefill, decode_context_lens) > BIG_STEP_TOKENS
+    return RECENCY_DECAY * recency + (1.0 if big else 0.0)
 #: The straight-line model: a constant plus per-token and per-sequence terms.
 LINEAR_FEATURES = ("const", "prefill_tokens", "prefill_attn", "decode_seqs", "decode_ctx", "num_seqs")
 #: Added to the ``tokens@K`` knots in the default model.
@@ -122,17 +140,20 @@ def auto_knots(token_counts: Iterable[int], min_support: int = 3) -> list[int]:
 
 
 def default_features(samples: Iterable[dict]) -> tuple[str, ...]:
+    samples = list(samples)
     counts = [step_tokens(s.get("prefill", ()), s.get("decode", ())) for s in samples]
-    return tuple(f"{TENT}{k}" for k in auto_knots(counts)) + DEFAULT_EXTRA_FEATURES
+    extra = ("after_big_step",) if samples and all("recency" in s for s in samples) else ()
+    return tuple(f"{TENT}{k}" for k in auto_knots(counts)) + DEFAULT_EXTRA_FEATURES + extra
 
 
 def feature_vector(prefill: Prefill, decode_context_lens: Sequence[int],
-                   names: Sequence[str] = LINEAR_FEATURES) -> np.ndarray:
+                   names: Sequence[str] = LINEAR_FEATURES, recency: float = 0.0) -> np.ndarray:
     """The features of one step, in the order of ``names``."""
     knots = sorted(int(n[len(TENT):]) for n in names if _is_tent(n))
     tents = dict(zip(knots, tent_values(step_tokens(prefill, decode_context_lens), knots))) if knots else {}
-    return np.array([tents[int(n[len(TENT):])] if _is_tent(n) else FEATURES[n](prefill, decode_context_lens)
-                     for n in names])
+    return np.array([tents[int(n[len(TENT):])] if _is_tent(n)
+                     else recency if n == "after_big_step"
+                     else FEATURES[n](prefill, decode_context_lens) for n in names])
 
 
 def nnls(A: np.ndarray, b: np.ndarray, tol: float = 1e-10) -> np.ndarray:
@@ -224,7 +245,9 @@ class FittedCostModel:
         tents = sorted((int(n[len(TENT):]), c) for n, c in zip(self.feature_names, self.coef) if _is_tent(n))
         self._knots = [k for k, _ in tents]
         self._g = [c for _, c in tents]
-        self._terms = [(FEATURES[n], c) for n, c in zip(self.feature_names, self.coef) if not _is_tent(n)]
+        self._terms = [(FEATURES[n], c) for n, c in zip(self.feature_names, self.coef)
+                       if not _is_tent(n) and n != "after_big_step"]
+        self._recency_coef = self.coefficients.get("after_big_step", 0.0)
 
     @property
     def coefficients(self) -> dict[str, float]:
@@ -289,7 +312,8 @@ class FittedCostModel:
             if not np.isfinite(t) or t <= 0:
                 raise ValueError(f"sample {i}: time_s must be a positive number, got {s['time_s']!r}")
             prefill = [(int(n), int(c)) for n, c in s.get("prefill", ())]
-            rows.append(feature_vector(prefill, [int(c) for c in s.get("decode", ())], features))
+            rows.append(feature_vector(prefill, [int(c) for c in s.get("decode", ())], features,
+                                       recency=float(s.get("recency", 0.0))))
             times.append(t)
         return np.array(rows).reshape(len(times), len(features)), np.array(times)
 
@@ -307,11 +331,12 @@ class FittedCostModel:
         return {"r2": r2, "mean_rel_error": mean_rel, "max_rel_error": max_rel, "num_samples": len(y)}
 
     # -- the CostModel interface ----------------------------------------------------------
-    def step_time(self, prefill: Prefill, decode_context_lens: Sequence[int]) -> float:
-        """Seconds for one step (same arguments as :meth:`RooflineCostModel.step_time`)."""
+    def step_time(self, prefill: Prefill, decode_context_lens: Sequence[int], recency: float = 0.0) -> float:
+        """Seconds for one step (same arguments as :meth:`RooflineCostModel.step_time`, plus
+        the step's ``recency`` for models with the ``after_big_step`` term)."""
         if not prefill and not decode_context_lens:
             return 0.0
-        t = sum(f(prefill, decode_context_lens) * c for f, c in self._terms)
+        t = sum(f(prefill, decode_context_lens) * c for f, c in self._terms) + self._recency_coef * recency
         if self._knots:
             m = step_tokens(prefill, decode_context_lens)
             t += sum(w * g for w, g in zip(tent_values(m, self._knots), self._g))

@@ -25,6 +25,7 @@ def test_profile_fit_and_simulate(tmp_path):
     tokens = [step_tokens(s["prefill"], s["decode"]) for s in samples]
     assert min(tokens) == 1 and max(tokens) >= 1024          # single decodes up to big prefill chunks
     assert all(s["time_s"] > 0 for s in samples)
+    assert samples[0]["recency"] == 0.0 and max(s["recency"] for s in samples) >= 1.0   # after big steps
     assert meta["model"] == "tiny" and meta["kv_capacity_tokens"] > 0
     # One segment per workload per pass, named apart from every other pass's, so that a
     # fit over two passes (as sim_fidelity does) gives each its own speed factor.

@@ -208,3 +208,38 @@ def test_segment_speed_factors_keep_a_slow_spell_out_of_the_coefficients():
     slowdown = split.metadata["segment_slowdown"]
     assert slowdown["w1"] == pytest.approx(1.4 * slowdown["w0"], rel=0.05)
 
+
+
+def test_recency_decays_after_big_steps_and_the_fit_recovers_its_cost():
+    from minibatch.sim.fitted import next_recency
+
+    r = next_recency(0.0, [(64, 64)], [])             # a big step: the next one has recency 1
+    assert r == 1.0
+    r = next_recency(r, [], [10, 20])                  # a small step halves it
+    assert r == 0.5 and next_recency(r, [], [5]) == 0.25
+    # Samples whose true time has 0.4 ms per unit of recency: the fit finds it.
+    rng = random.Random(3)
+    samples, rec = [], 0.0
+    for _ in range(400):
+        step = ([(rng.randint(33, 400), 400)], []) if rng.random() < 0.2 else ([], [rng.randint(10, 300)] * rng.randint(1, 8))
+        t = 1e-3 + 2e-6 * sum(n for n, _ in step[0]) + 1e-4 * len(step[1]) + 4e-4 * rec
+        samples.append({"prefill": step[0], "decode": step[1], "time_s": t, "recency": rec})
+        rec = next_recency(rec, *step)
+    fit = FittedCostModel.fit(samples, features=("const", "prefill_tokens", "decode_seqs", "after_big_step"))
+    assert fit.coefficients["after_big_step"] == pytest.approx(4e-4, rel=1e-6)
+    assert fit.step_time([], [100], recency=1.0) - fit.step_time([], [100]) == pytest.approx(4e-4, rel=1e-6)
+    assert "after_big_step" in FittedCostModel.fit(samples).feature_names      # default when recorded
+    plain = [{k: v for k, v in s.items() if k != "recency"} for s in samples]
+    assert "after_big_step" not in FittedCostModel.fit(plain).feature_names
+
+
+def test_the_simulator_charges_the_steps_after_a_big_one(tmp_path):
+    from minibatch.runner import run
+    from minibatch.workload import fixed, synthetic
+
+    path = tmp_path / "m.json"
+    FittedCostModel({"const": 1e-3, "after_big_step": 1e-3}, metadata={"kv_capacity_tokens": 4096}).save(path)
+    wl = synthetic(1, float("inf"), input_len=fixed(100), output_len=fixed(4), seed=0)
+    steps = run(wl, executor="sim", model="tiny", hardware=f"profile:{path}").steps
+    # prefill (recency 0), then decodes at recency 1, 0.5, 0.25
+    assert [round(s.duration * 1e3, 6) for s in steps] == [1.0, 2.0, 1.5, 1.25]
