@@ -70,10 +70,11 @@ def draw_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     are never drawn; a rounding overshoot at the very end falls back to the row's most
     likely token.
     """
-    cdf = probs.to(torch.float64, copy=True).cpu().cumsum_(dim=-1)
-    idx = torch.searchsorted(cdf, u.to(cdf.device) * cdf[:, -1:], right=True)
-    idx.clamp_(max=probs.shape[-1] - 1)
-    bad = probs.cpu().gather(-1, idx) <= 0
+    p = probs.cpu()
+    cdf = p.to(torch.float64).cumsum(dim=-1)
+    idx = torch.searchsorted(cdf, u.cpu() * cdf[:, -1:], right=True)
+    idx.clamp_(max=p.shape[-1] - 1)
+    bad = p.gather(-1, idx) <= 0
     if bool(bad.any()):
-        idx = torch.where(bad, probs.cpu().argmax(-1, keepdim=True), idx)
+        idx = torch.where(bad, p.argmax(-1, keepdim=True), idx)
     return idx.squeeze(1).to(probs.device)

@@ -102,7 +102,7 @@ def load() -> ctypes.CDLL | None:
         _lib = lib
     except Exception as e:  # no compiler, read-only cache, ...: keep the torch path
         build_error = f"{type(e).__name__}: {e}"
-        warnings.warn(f"minibatch: C paged-attention kernel unavailable ({build_error}); "
+        warnings.warn(f"minibatch: C kernels unavailable ({build_error}); "
                       "using the torch path", RuntimeWarning, stacklevel=2)
     return _lib
 
@@ -128,7 +128,7 @@ def paged_decode_attention_c(q, k_cache, v_cache, block_tables, context_lens, sc
     """
     lib = load()
     if lib is None:
-        raise RuntimeError(f"C paged-attention kernel unavailable: {build_error}")
+        raise RuntimeError(f"C kernels unavailable: {build_error}")
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     if num_heads % num_kv_heads:

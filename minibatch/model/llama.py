@@ -215,8 +215,9 @@ class LlamaModel(nn.Module):
         """Run RMSNorm, RoPE and the SwiGLU gate as fused C ops (``cpu_ops.c``).
 
         For a CPU float32 model where the C kernels build. One pass over memory and one
-        call each instead of 5-6 torch ops: at 2048 tokens a prefill step saves ~8 ms of
-        ~110, at 100 decodes ~1 ms of ~12. Returns False, changing nothing, elsewhere.
+        call each instead of 5-6 torch ops; measured here a decode step of 1 sequence went
+        from 2.2 to 1.9 ms, of 100 sequences ~1 ms faster. Returns False, changing nothing,
+        elsewhere.
         """
         if not cpu_paged.ops_supported(self.embed_tokens.weight):
             return False
@@ -307,8 +308,9 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     m = x.shape[0]
     rows = gemm_rows(m) if _BUCKETS and x.dim() == 2 else m
     if rows != m:                                   # zero rows below; their outputs are dropped
-        padded = x.new_zeros(rows, x.shape[1])
+        padded = x.new_empty(rows, x.shape[1])
         padded[:m] = x
+        padded[m:].zero_()
         return torch.ops.mkldnn._linear_pointwise(padded, packed, bias, "none", [], "")[:m]
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 

@@ -85,6 +85,8 @@ def next_recency(recency: float, prefill: Prefill, decode_context_lens: Sequence
     """The recency of the step after this one (this one of ``recency``, composition given)."""
     big = step_tokens(prefill, decode_context_lens) > BIG_STEP_TOKENS
     return RECENCY_DECAY * recency + (1.0 if big else 0.0)
+
+
 #: The straight-line model: a constant plus per-token and per-sequence terms.
 LINEAR_FEATURES = ("const", "prefill_tokens", "prefill_attn", "decode_seqs", "decode_ctx", "num_seqs")
 #: Added to the ``tokens@K`` knots in the default model.

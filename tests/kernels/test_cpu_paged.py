@@ -92,7 +92,7 @@ def test_no_compiler_falls_back_to_torch_with_a_reason(tmp_path):
             assert not cpu_paged.available()
             assert resolve_backend(None, torch.device("cpu")) == "torch"
         assert "false failed" in cpu_paged.build_error, cpu_paged.build_error
-        assert any("C paged-attention kernel unavailable" in str(x.message) for x in w)
+        assert any("C kernels unavailable" in str(x.message) for x in w)
         from minibatch import LLM, SamplingParams
         out = LLM("tiny").generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))
         assert len(out[0].outputs[0].token_ids) == 3
