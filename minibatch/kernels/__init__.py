@@ -3,10 +3,8 @@
 Backends:
 
 * ``"triton"``: the Triton kernels (the default on CUDA; on CPU only under ``TRITON_INTERPRET=1``);
-* ``"cpu"``: attention by the C kernel in ``cpu_paged.c``, which reads K/V from the
-  pages in place (float32): every decode, and prefill chunks of sequences whose context
-  is at most ``C_PREFILL_MAX_CONTEXT`` tokens, each query token as one decode row
-  (longer ones use the torch path, whose flash kernel reuses K across queries). The
+* ``"cpu"``: attention by C kernels that read K/V from the pages in place (float32):
+  decode by ``cpu_paged.c``, prefill chunks by the query-tiled ``cpu_prefill.c``. The
   model also runs its RMSNorm, RoPE and SwiGLU gate as fused C ops (``cpu_ops.c``).
   The default on CPU whenever the kernels build;
 * ``"torch"``: plain torch (``torch_paged.py``), gathering pages before attention.
@@ -62,11 +60,6 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     return paged_decode_attention_torch(q, k_cache, v_cache, block_tables, context_lens, scale)
 
 
-# Up to this many context tokens, a prefill chunk is faster on the C decode kernel (one
-# row per query token) than on the torch path; measured crossover here 600-700 tokens.
-C_PREFILL_MAX_CONTEXT = 512
-
-
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, context_lens, query_start_loc,
                             scale=None, backend=None):
     backend = resolve_backend(backend, q.device)
@@ -75,29 +68,9 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, context_lens, que
         return triton_kernels.paged_prefill_attention(q, k_cache, v_cache, block_tables, context_lens,
                                                       query_start_loc, scale)
     if backend == "cpu" and cpu_paged.supports(q, k_cache) and cpu_paged.available():
-        return _prefill_split(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
-    return paged_prefill_attention_torch(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
-
-
-def _prefill_split(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale):
-    """Short-context sequences to the C kernel, the rest to the torch path."""
-    lens = context_lens.tolist()
-    short = [i for i, n in enumerate(lens) if n <= C_PREFILL_MAX_CONTEXT]
-    if len(short) == len(lens):
         return cpu_paged.paged_prefill_attention_c(q, k_cache, v_cache, block_tables, context_lens,
                                                    query_start_loc, scale)
-    if not short:
-        return paged_prefill_attention_torch(q, k_cache, v_cache, block_tables, context_lens,
-                                             query_start_loc, scale)
-    long = [i for i, n in enumerate(lens) if n > C_PREFILL_MAX_CONTEXT]
-    starts = query_start_loc.tolist()
-    out = torch.empty_like(q)
-    for seqs, fn in ((short, cpu_paged.paged_prefill_attention_c), (long, paged_prefill_attention_torch)):
-        rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in seqs])
-        sub_starts = torch.tensor([0] + [starts[i + 1] - starts[i] for i in seqs], dtype=torch.int32).cumsum(0)
-        index = torch.tensor(seqs)
-        out[rows] = fn(q[rows], k_cache, v_cache, block_tables[index], context_lens[index], sub_starts.int(), scale)
-    return out
+    return paged_prefill_attention_torch(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
 
 
 __all__ = ["store_kv", "paged_decode_attention", "paged_prefill_attention", "resolve_backend",

@@ -1,8 +1,9 @@
 """The CPU's C kernels, built on first use and called via ctypes.
 
-``cpu_paged.c`` is paged decode attention; ``cpu_ops.c`` holds fused element-wise ops
+``cpu_paged.c`` is paged decode attention, ``cpu_prefill.c`` paged causal prefill
+attention tiled over query tokens; ``cpu_ops.c`` holds fused element-wise ops
 (RMSNorm, RoPE, the SwiGLU gate) for the float32 forward. No torch headers, no build
-step at install: the first call compiles the two C files
+step at install: the first call compiles the C files
 with the machine's ``cc`` (about a second) into ``~/.cache/minibatch/`` (or
 ``$MINIBATCH_CACHE``), named by a hash of the source, the flags and the CPU, so
 ``-march=native`` is always right for the machine that runs it. Where there is no C
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name("cpu_paged.c"), Path(__file__).with_name("cpu_ops.c")]
+SOURCES = [Path(__file__).with_name(n) for n in ("cpu_paged.c", "cpu_prefill.c", "cpu_ops.c")]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 _lib: ctypes.CDLL | None = None
@@ -90,6 +91,9 @@ def load() -> ctypes.CDLL | None:
         for fn in (lib.paged_decode_attention_f32, lib.paged_decode_attention_f32_portable):
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
+        lib.paged_prefill_attention_f32.restype = ctypes.c_int
+        lib.paged_prefill_attention_f32.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 6 + [ctypes.c_float,
+                                                                                                 ctypes.c_int]
         lib.avx512_path_for.restype = ctypes.c_int
         lib.avx512_path_for.argtypes = [ctypes.c_int] * 3
         P, L, I, F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
@@ -200,17 +204,33 @@ def rope_c_(x: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, p
 
 
 def paged_prefill_attention_c(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale=None):
-    """Causal attention for ragged query chunks, by the decode kernel.
+    """Same contract as :func:`minibatch.kernels.reference.paged_prefill_attention_ref`.
 
-    Same contract as :func:`minibatch.kernels.reference.paged_prefill_attention_ref`.
-    A query token at absolute position ``p`` attends to the cached keys ``0..p`` (its
-    own chunk's K/V are already stored), which is exactly one decode query over a
-    context of ``p + 1`` tokens. So each query token becomes one row of a decode call,
-    with its sequence's block table: no page gather, no padding, no per-sequence loop.
+    By the tiled kernel of ``cpu_prefill.c``: a work item is (sequence, KV head, 64
+    query tokens), so each cached key and value row is read once for all of the tile's
+    query heads rather than once per query token.
     """
-    starts = query_start_loc.to(torch.int64)
-    q_lens = starts[1:] - starts[:-1]
-    seq_of = torch.repeat_interleave(torch.arange(q_lens.numel()), q_lens)
-    index_in_chunk = torch.arange(q.shape[0]) - starts[:-1][seq_of]
-    lens = (context_lens.to(torch.int64)[seq_of] - q_lens[seq_of] + index_in_chunk + 1).to(torch.int32)
-    return paged_decode_attention_c(q, k_cache, v_cache, block_tables[seq_of], lens, scale)
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"C kernels unavailable: {build_error}")
+    total, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("the KV cache must be contiguous")
+    scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+    q = q.contiguous()
+    tables = block_tables.to(torch.int32).contiguous()
+    lens = context_lens.to(torch.int32).contiguous()
+    starts = query_start_loc.to(torch.int32).contiguous()
+    out = torch.empty_like(q)
+    if total == 0:
+        return out
+    failed = lib.paged_prefill_attention_f32(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
+        starts.data_ptr(), out.data_ptr(), lens.numel(), num_heads, num_kv_heads, head_dim, block_size,
+        tables.shape[1] if tables.dim() == 2 else 0, float(scale), torch.get_num_threads())
+    if failed:
+        raise MemoryError("C prefill-attention kernel could not allocate its scratch")
+    return out

@@ -1,4 +1,4 @@
-"""The C paged-decode kernel (the CPU engine's default) equals the plain reference."""
+"""The C paged-attention kernels (the CPU engine's default) equal the plain reference."""
 
 from __future__ import annotations
 
@@ -114,27 +114,40 @@ def _prefill_case(q_lens, ctx_lens, block_size=16, heads=8, kv_heads=4, head_dim
 
 @needs_kernel
 @pytest.mark.parametrize("q_lens, ctx_lens", [
-    ([136] * 3, [136] * 3),                          # whole prompts
+    ([136] * 3, [136] * 3),                          # whole prompts, three 64-token tiles each
     ([1, 17, 40, 5], [1, 57, 40, 305]),              # chunks after cached context (chunked prefill, prefix hits)
     ([16, 16], [16, 32]),                            # block-aligned
-])
-def test_prefill_by_the_decode_kernel_matches_reference(q_lens, ctx_lens):
+    ([64, 65, 63], [64, 65, 700]),                   # one tile exactly, one token past, long cached context
+    ([300], [1100]),                                 # a late chunk of a long prompt
+], ids=["prompts", "chunks", "aligned", "tile-edges", "long"])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(8, 4, 32), (8, 8, 64), (8, 1, 128), (6, 2, 40)],
+                         ids=["gqa-32", "mha-64", "mqa-128", "portable-40"])
+def test_tiled_prefill_matches_reference(q_lens, ctx_lens, heads, kv_heads, head_dim):
+    # head_dim 40 is not a multiple of 16: the loops the compiler vectorises serve it.
     from minibatch.kernels.reference import paged_prefill_attention_ref
-    args = _prefill_case(q_lens, ctx_lens)
+    args = _prefill_case(q_lens, ctx_lens, heads=heads, kv_heads=kv_heads, head_dim=head_dim, seed=head_dim)
     ref = paged_prefill_attention_ref(*args)
     torch.testing.assert_close(cpu_paged.paged_prefill_attention_c(*args), ref, atol=2e-5, rtol=2e-5)
 
 
 @needs_kernel
-def test_prefill_dispatch_splits_short_and_long_contexts(monkeypatch):
-    """Short contexts go to the C kernel, long ones to torch; rows land back in order."""
+@pytest.mark.parametrize("block_size", [1, 8])
+def test_tiled_prefill_other_block_sizes(block_size):
+    from minibatch.kernels.reference import paged_prefill_attention_ref
+    args = _prefill_case([70, 3], [90, 3], block_size=block_size, seed=block_size)
+    torch.testing.assert_close(cpu_paged.paged_prefill_attention_c(*args), paged_prefill_attention_ref(*args),
+                               atol=2e-5, rtol=2e-5)
+
+
+@needs_kernel
+def test_prefill_dispatch_sends_every_context_length_to_the_c_kernel(monkeypatch):
+    """The cpu backend's prefill is one C call for the whole ragged batch, long contexts too."""
     from minibatch.kernels.reference import paged_prefill_attention_ref
     calls = []
     real_c = cpu_paged.paged_prefill_attention_c
     monkeypatch.setattr(cpu_paged, "paged_prefill_attention_c",
-                        lambda q, *a: calls.append(("c", q.shape[0])) or real_c(q, *a))
-    limit = kernels.C_PREFILL_MAX_CONTEXT
-    args = _prefill_case([30, 64, 7, 20], [30, limit + 100, 7, limit + 20], seed=5)
+                        lambda q, *a: calls.append(q.shape[0]) or real_c(q, *a))
+    args = _prefill_case([30, 64, 7, 20], [30, 900, 7, 620], seed=5)
     out = kernels.paged_prefill_attention(*args, backend="cpu")
     torch.testing.assert_close(out, paged_prefill_attention_ref(*args), atol=2e-5, rtol=2e-5)
-    assert calls == [("c", 37)]                      # the two short sequences, 30 + 7 query rows
+    assert calls == [121]
