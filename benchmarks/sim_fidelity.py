@@ -67,6 +67,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None, help="reuse a profile (from python -m minibatch profile)")
     ap.add_argument("--runs", type=int, default=5, help="rounds of real runs (median)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--save-data", default=None,
+                    help="also write the profile passes' samples and the real rounds' summaries (JSON), "
+                         "to compare cost-model variants on the same measurements")
     args = ap.parse_args(argv)
     workloads = test_workloads()
 
@@ -86,6 +89,8 @@ def main(argv=None) -> int:
             passes.append(samples)
             if r < args.runs:
                 rounds.append(real_round())
+        if args.save_data:
+            Path(args.save_data).write_text(json.dumps({"passes": passes, "rounds": rounds, "meta": meta}))
         tmp = Path(tempfile.mkdtemp())
         paths = []
         for r in range(args.runs):
