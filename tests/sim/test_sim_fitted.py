@@ -243,3 +243,46 @@ def test_the_simulator_charges_the_steps_after_a_big_one(tmp_path):
     steps = run(wl, executor="sim", model="tiny", hardware=f"profile:{path}").steps
     # prefill (recency 0), then decodes at recency 1, 0.5, 0.25
     assert [round(s.duration * 1e3, 6) for s in steps] == [1.0, 2.0, 1.5, 1.25]
+
+
+def _with_spells(samples, share=0.06, slowdown=1.8, seed=3):
+    """Every ~1/share-th sample run during a slow spell of the machine."""
+    rng = random.Random(seed)
+    out = []
+    for s_ in samples:
+        spell = rng.random() < share
+        out.append({**s_, "time_s": s_["time_s"] * (slowdown if spell else 1.0), "spell": spell})
+    return out
+
+
+def test_outlier_ratio_drops_slow_spells_and_recovers_the_machine():
+    samples = _with_spells(synthetic_samples(n=400, noise=0.03, seed=4))
+    spells = sum(s_["spell"] for s_ in samples)
+    plain = FittedCostModel.fit(samples, features=LINEAR_FEATURES)
+    robust = FittedCostModel.fit(samples, features=LINEAR_FEATURES, outlier_ratio=1.2)
+    clean = [s_ for s_ in samples if not s_["spell"]]
+
+    def total_error(model):
+        pred = sum(model.step_time(s_["prefill"], s_["decode"]) for s_ in clean)
+        return pred / sum(s_["time_s"] for s_ in clean) - 1
+
+    assert total_error(plain) > 0.03                 # the spells inflate the plain fit
+    assert abs(total_error(robust)) < 0.01
+    # About the spells are dropped (plus the odd noisy sample), not a large share.
+    assert spells <= robust.metadata["outliers_dropped"] <= spells + 0.02 * len(samples)
+    assert robust.metadata["outlier_ratio"] == 1.2
+    assert "outliers_dropped" not in plain.metadata
+
+
+def test_outlier_ratio_must_exceed_one():
+    with pytest.raises(ValueError, match="outlier_ratio"):
+        FittedCostModel.fit(synthetic_samples(), features=LINEAR_FEATURES, outlier_ratio=1.0)
+
+
+def test_profiler_fit_drops_outliers_by_default():
+    from minibatch.profile import fit_profile
+    from minibatch.sim.fitted import PROFILE_OUTLIER_RATIO
+
+    model = fit_profile(_with_spells(synthetic_samples(n=300, seed=5)), {"model": "tiny"})
+    assert model.metadata["outlier_ratio"] == PROFILE_OUTLIER_RATIO
+    assert model.metadata["outliers_dropped"] > 0 and model.metadata["model"] == "tiny"
