@@ -94,7 +94,9 @@ def next_recency(recency: float, prefill: Prefill, decode_context_lens: Sequence
 #: asked to predict: in three invocations of ``benchmarks/sim_fidelity.py`` the
 #: simulator overpredicted the light workloads' latency by 5-15% and the saturated one
 #: by 0-3%, both shrinking once 1-9% of the profile's steps were dropped (largest
-#: |error| 7.3, 15.5, 11.9% -> 6.3, 6.9, 8.0%).
+#: |error| 7.3, 15.5, 11.9% -> 6.3, 6.9, 8.0%), and in two later invocations that played
+#: no part in choosing the ratio, 15.2 -> 11.4% and 10.3 -> 7.1% (same measurements,
+#: refitted both ways; ``sim_fidelity.py --save-data``).
 PROFILE_OUTLIER_RATIO = 1.2
 
 #: The straight-line model: a constant plus per-token and per-sequence terms.
