@@ -4,7 +4,8 @@ Backends:
 
 * ``"triton"``: the Triton kernels (the default on CUDA; on CPU only under ``TRITON_INTERPRET=1``);
 * ``"cpu"``: attention by C kernels that read K/V from the pages in place (float32):
-  decode by ``cpu_paged.c``, prefill chunks by the query-tiled ``cpu_prefill.c``. The
+  decode by ``cpu_paged.c``, prefill chunks by the query-tiled ``cpu_prefill.c``; the
+  K/V store is one C call (``cpu_ops.c``). The
   model also runs its RMSNorm, RoPE and SwiGLU gate as fused C ops (``cpu_ops.c``).
   The default on CPU whenever the kernels build;
 * ``"torch"``: plain torch (``torch_paged.py``), gathering pages before attention.
@@ -44,9 +45,12 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
 
 
 def store_kv(key, value, k_cache, v_cache, slot_mapping, backend=None):
-    if resolve_backend(backend, key.device) == "triton":
+    backend = resolve_backend(backend, key.device)
+    if backend == "triton":
         from minibatch.kernels import triton_kernels
         return triton_kernels.store_kv(key, value, k_cache, v_cache, slot_mapping)
+    if backend == "cpu" and cpu_paged.store_kv_c(key, value, k_cache, v_cache, slot_mapping):
+        return None
     return store_kv_ref(key, value, k_cache, v_cache, slot_mapping)
 
 

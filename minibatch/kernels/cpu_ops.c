@@ -11,6 +11,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
 float expf(float) __attribute__((__simd__("notinbranch")));   /* libmvec; see cpu_paged.c */
@@ -69,4 +70,25 @@ void rope_f32(float *x, long stride, long n, int heads, int head_dim, const floa
             }
         }
     }
+}
+
+/* Paged KV store: key row t (num_kv_heads * head_dim floats, rows key_stride apart) goes
+ * to flat slot slots[t] of k_cache, likewise value to v_cache; slot -1 is skipped.
+ * One call instead of torch's two index_copy_ dispatches and the views around them.
+ * Returns the number of slots outside [-1, num_slots) (rows not written). */
+long store_kv_f32(const float *key, long key_stride, const float *value, long value_stride,
+                  float *k_cache, float *v_cache, const int64_t *slots, long n, int row,
+                  long num_slots, int num_threads) {
+    long bad = 0;
+#pragma omp parallel for num_threads(num_threads) if (n * row >= PARALLEL_MIN) schedule(static) reduction(+ : bad)
+    for (long t = 0; t < n; t++) {
+        const int64_t s = slots[t];
+        if (s < 0 || s >= num_slots) {
+            bad += s != -1;
+            continue;
+        }
+        memcpy(k_cache + s * row, key + t * key_stride, sizeof(float) * row);
+        memcpy(v_cache + s * row, value + t * value_stride, sizeof(float) * row);
+    }
+    return bad;
 }

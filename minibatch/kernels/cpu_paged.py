@@ -101,6 +101,8 @@ def load() -> ctypes.CDLL | None:
         lib.rms_norm_f32.argtypes = [P, L, P, P, L, L, I, F, I]
         lib.silu_mul_f32.restype = None
         lib.silu_mul_f32.argtypes = [P, P, L, I, I]
+        lib.store_kv_f32.restype = L
+        lib.store_kv_f32.argtypes = [P, L, P, L, P, P, P, L, I, L, I]
         lib.rope_f32.restype = None
         lib.rope_f32.argtypes = [P, L, L, I, I, P, P, P, I]
         _lib = lib
@@ -201,6 +203,42 @@ def rope_c_(x: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, p
     _lib.rope_f32(x.data_ptr(), x.stride(0), n, heads, head_dim, cos_cache.data_ptr(), sin_cache.data_ptr(),
                   pos.data_ptr(), torch.get_num_threads())
     return x
+
+
+def store_kv_c(key, value, k_cache, v_cache, slot_mapping) -> bool:
+    """Write key/value rows into their flat slots (``-1`` skips), as
+    :func:`minibatch.kernels.reference.store_kv_ref` does; False (nothing written) where
+    the C store cannot serve these tensors."""
+    lib = load()
+    n = key.shape[0]
+    row = k_cache.shape[2] * k_cache.shape[3]
+    ok = (lib is not None and k_cache.dtype == v_cache.dtype == key.dtype == value.dtype == torch.float32
+          and key.device.type == "cpu" and k_cache.is_contiguous() and v_cache.is_contiguous()
+          and tuple(key.shape[1:]) == tuple(value.shape[1:]) == tuple(k_cache.shape[2:])
+          and _rows_contiguous(key) and _rows_contiguous(value))
+    if not ok:
+        return False
+    slots = slot_mapping.to(torch.int64).contiguous()
+    if slots.numel() != n:
+        raise ValueError(f"slot_mapping has {slots.numel()} entries for {n} rows")
+    if n:
+        bad = lib.store_kv_f32(key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0),
+                               k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), n, row,
+                               k_cache.shape[0] * k_cache.shape[1], torch.get_num_threads())
+        if bad:
+            raise IndexError(f"{bad} slot(s) in slot_mapping are outside the KV cache "
+                             f"({k_cache.shape[0] * k_cache.shape[1]} slots)")
+    return True
+
+
+def _rows_contiguous(x: torch.Tensor) -> bool:
+    """Each row x[t] (all trailing dims) is one contiguous run of floats."""
+    expected = 1
+    for size, stride in zip(reversed(x.shape[1:]), reversed(x.stride()[1:])):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def paged_prefill_attention_c(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale=None):

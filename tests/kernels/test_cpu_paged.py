@@ -151,3 +151,34 @@ def test_prefill_dispatch_sends_every_context_length_to_the_c_kernel(monkeypatch
     out = kernels.paged_prefill_attention(*args, backend="cpu")
     torch.testing.assert_close(out, paged_prefill_attention_ref(*args), atol=2e-5, rtol=2e-5)
     assert calls == [121]
+
+
+@needs_kernel
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "qkv-views"])
+def test_c_store_kv_matches_reference(strided):
+    from minibatch.kernels.reference import store_kv_ref
+    g = torch.Generator().manual_seed(7)
+    n, kvh, d = 37, 4, 32
+    if strided:      # K and V as the model passes them: views into one fused QKV buffer
+        qkv = torch.randn(n, (8 + 2 * kvh) * d, generator=g)
+        key = qkv[:, 8 * d:(8 + kvh) * d].view(n, kvh, d)
+        value = qkv[:, (8 + kvh) * d:].view(n, kvh, d)
+    else:
+        key, value = torch.randn(n, kvh, d, generator=g), torch.randn(n, kvh, d, generator=g)
+    slots = torch.randperm(10 * 16, generator=g)[:n]
+    slots[[3, 20]] = -1                                  # skipped rows
+    caches = [torch.zeros(10, 16, kvh, d) for _ in range(4)]
+    assert cpu_paged.store_kv_c(key, value, caches[0], caches[1], slots)
+    store_kv_ref(key, value, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert caches[0].abs().sum() > 0
+
+
+@needs_kernel
+def test_c_store_kv_rejects_slots_outside_the_cache_and_declines_other_dtypes():
+    key = torch.randn(3, 2, 16)
+    k_cache, v_cache = torch.zeros(2, 4, 2, 16), torch.zeros(2, 4, 2, 16)
+    with pytest.raises(IndexError, match="outside the KV cache"):
+        cpu_paged.store_kv_c(key, key, k_cache, v_cache, torch.tensor([0, 8, 1]))
+    half = torch.zeros(2, 4, 2, 16, dtype=torch.bfloat16)
+    assert cpu_paged.store_kv_c(key.bfloat16(), key.bfloat16(), half, half, torch.tensor([0, 1, 2])) is False
