@@ -13,6 +13,10 @@ each new GEMM shape, ~3 ms per step the first time a batch size occurs), so the 
 predicts a warmed-up engine; GEMM row counts are bucketed (``gemm_rows``), which
 bounds the shapes a run can meet.
 
+The fit drops the steps that ran more than ``PROFILE_OUTLIER_RATIO`` (1.2) times slower
+than a first fit predicts and fits again (:data:`minibatch.sim.fitted.PROFILE_OUTLIER_RATIO`
+says why); the saved model's metadata records how many were dropped.
+
 Profile under the conditions you will predict: the same machine, quiet, and the same
 OpenMP setting. (minibatch defaults to ``OMP_WAIT_POLICY=PASSIVE``, robust when
 processes share the cores; ``OMP_WAIT_POLICY=ACTIVE python -m minibatch profile ...``
