@@ -8,7 +8,9 @@ the K/V bytes it had to read divided by that time::
     bytes = sum(context lengths) * num_kv_heads * head_dim * 2 (K and V) * 4 (float32)
 
 Implementations: the C kernel as the engine calls it (AVX-512 path where the CPU and
-shapes allow), the same kernel forced onto its portable C path, and the torch path
+shapes allow; with fewer sequences than threads, each context split over the threads),
+for one sequence the same kernel on one thread (no split), the same kernel forced onto
+its portable C path, and the torch path
 (gather the pages, then scaled_dot_product_attention). Blocks are shuffled, as a
 long-running engine leaves them. A second pool is streamed through between calls so
 that every call reads its K/V from DRAM, as in the engine, where four layers' caches
@@ -46,6 +48,9 @@ CASES = [
     ("tiny model, 100 seqs x ~512", 100, 512, 8, 4, 32),
     ("tiny model, 8 seqs x ~256", 8, 256, 8, 4, 32),
     ("Llama-3-8B heads, 16 seqs x ~1024", 16, 1024, 32, 8, 128),
+    # One sequence: its context is split over the otherwise idle threads.
+    ("tiny model, 1 seq x ~2048", 1, 2048, 8, 4, 32),
+    ("Llama-3-8B heads, 1 seq x ~4096", 1, 4096, 32, 8, 128),
 ]
 
 
@@ -110,6 +115,9 @@ def main(argv=None):
              lambda: cpu_paged.paged_decode_attention_c(q, k, v, tables, lens, portable=True)),
             ("torch (gather + SDPA)", lambda: paged_decode_attention_torch(q, k, v, tables, lens)),
         ]
+        if n < torch.get_num_threads():      # what the split buys: the same call on one thread
+            impls.insert(1, ("C kernel, context not split (1 thread)",
+                             lambda: cpu_paged.paged_decode_attention_c(q, k, v, tables, lens, num_threads=1)))
         for name, fn in impls:
             with torch.inference_mode():
                 sec = time_calls(fn, args.iters, flush)

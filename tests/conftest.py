@@ -33,11 +33,12 @@ ARCHS = {
 }
 
 
-def make_checkpoint(path, arch: str, seed: int = 0, init_std: float = INIT_STD):
-    """Save a seeded random model of ``arch`` as a HF checkpoint directory; return the HF model."""
+def make_checkpoint(path, arch: str, seed: int = 0, init_std: float = INIT_STD, **overrides):
+    """Save a seeded random model of ``arch`` (config fields in ``overrides`` replaced) as a
+    HF checkpoint directory; return the HF model."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    kw = dict(ARCHS[arch])
+    kw = {**ARCHS[arch], **overrides}
     model_type = kw.pop("model_type")
     config = AutoConfig.for_model(model_type, initializer_range=init_std, bos_token_id=1,
                                   eos_token_id=2, pad_token_id=0, **kw)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from conftest import ARCHS, hf_greedy
+from conftest import ARCHS, hf_greedy, make_checkpoint
 from minibatch import LLM, SamplingParams
 
 BLOCK = 16
@@ -67,3 +67,17 @@ def test_requests_arriving_mid_run_match(references):
     assert [engine.output(i).outputs[0].token_ids for i in ids] == expected
     assert max(s.num_seqs for s in engine.steps) > 1
     assert any(s.num_prefill_tokens and s.num_decode_tokens for s in engine.steps), "no mixed step"
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_long_context_single_sequence_matches(tmp_path, arch):
+    """A 700-token prompt alone: prefill in eleven 64-token tiles of the C prefill kernel,
+    then decodes whose context is split over the threads (cpu backend) or not (torch)."""
+    hf_model = make_checkpoint(tmp_path, arch, seed=3, max_position_embeddings=1024)
+    rng = random.Random(7)
+    prompt = [rng.randrange(3, 256) for _ in range(700)]
+    expected = hf_greedy(hf_model, prompt, MAX_NEW)
+    for backend in ("cpu", "torch"):
+        llm = LLM(str(tmp_path), max_num_seqs=1, block_size=BLOCK, attention_backend=backend)
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True))[0]
+        assert out.outputs[0].token_ids == expected, f"{backend} diverged"

@@ -54,7 +54,9 @@ INLINE void axpy(float *y, const float a, const float *x, const int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-/* Softmax over t of each of `rows` score rows of length ctx (max-subtracted). */
+/* Softmax over t of each of `rows` score rows of length ctx (max-subtracted). Each row's
+ * log-sum-exp (of the scaled scores) goes to scores[rows * ctx + h], just past the rows,
+ * for a caller that attends to a context in parts and merges them (see run_decode). */
 INLINE void softmax_rows(float *scores, const int rows, const int ctx) {
     for (int h = 0; h < rows; h++) {
         float *p = scores + (long)h * ctx;
@@ -66,6 +68,7 @@ INLINE void softmax_rows(float *scores, const int rows, const int ctx) {
         const float inv = 1.0f / sum;
 #pragma omp simd
         for (int t = 0; t < ctx; t++) p[t] *= inv;
+        scores[(long)rows * ctx + h] = m + logf(sum);
     }
 }
 
@@ -266,43 +269,97 @@ static void attend_portable(const float *q, const float *k_cache, const float *v
     }
 }
 
-/* Both paths: sequences spread over the threads, each thread with its own score scratch
- * (grown as needed). Returns 1 if a scratch allocation failed. */
+/* Fewer sequences than threads leave threads idle: then each sequence's context is cut
+ * into parts of whole blocks, at least SPLIT_MIN_TOKENS each, attended to separately and
+ * merged by their log-sum-exps (the split-K of flash-decoding). */
+#define SPLIT_MIN_TOKENS 256
+
+/* Both paths: sequences (or parts of them) spread over the threads, each thread with its
+ * own score scratch (grown as needed). Returns 1 if an allocation failed. */
 static int run_decode(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
                       const int32_t *context_lens, float *out, int num_seqs, int num_heads, int num_kv_heads,
                       int head_dim, int block_size, int table_width, float scale, int num_threads, int avx512) {
     const long stride = (long)num_heads * head_dim;
+    /* parts[s] pieces of chunk[s] tokens (a multiple of block_size) for sequence s. */
+    int max_parts = num_seqs < num_threads ? num_threads / num_seqs : 1;
+    int on_stack[128];
+    int *parts = num_seqs <= 64 ? on_stack : malloc(sizeof(int) * 2 * num_seqs);
+    if (!parts) return 1;
+    int *chunk = parts + num_seqs, total = 0, split = 0;
+    for (int s = 0; s < num_seqs; s++) {
+        const int ctx = context_lens[s] > 0 ? context_lens[s] : 0;
+        int n = ctx / SPLIT_MIN_TOKENS < max_parts ? ctx / SPLIT_MIN_TOKENS : max_parts;
+        if (n < 1) n = 1;
+        const int blocks = (ctx + block_size - 1) / block_size;
+        chunk[s] = (blocks + n - 1) / n * block_size;
+        parts[s] = n > 1 ? (ctx + chunk[s] - 1) / chunk[s] : 1;
+        split |= parts[s] > 1;
+        total += parts[s];
+    }
+    /* Split parts write a normalized output and a log-sum-exp per head here first. */
+    float *part_out = split ? malloc(sizeof(float) * (stride + num_heads) * total) : NULL;
+    if (split && !part_out) { free(parts); return 1; }
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
         long capacity = 0;
         float *scores = NULL;
 #pragma omp for schedule(dynamic, 1)
-        for (int s = 0; s < num_seqs; s++) {
-            const int ctx = context_lens[s];
-            float *o = out + s * stride;
+        for (int item = 0; item < total; item++) {
+            int s = item, p = 0;                 /* item -> (sequence, part) */
+            if (split)
+                for (s = 0, p = item; p >= parts[s];) p -= parts[s++];
+            const int ctx_all = context_lens[s];
+            const int start = p * chunk[s];
+            const int ctx = parts[s] > 1 ? (ctx_all - start < chunk[s] ? ctx_all - start : chunk[s]) : ctx_all;
+            float *o = parts[s] > 1 ? part_out + (long)(item) * (stride + num_heads) : out + s * stride;
             if (ctx <= 0) { memset(o, 0, sizeof(float) * stride); continue; }
-            if ((long)ctx * num_heads > capacity) {
+            if ((long)ctx * num_heads + num_heads > capacity) {
                 free(scores);
-                capacity = (long)ctx * num_heads;
+                capacity = (long)ctx * num_heads + num_heads;
                 scores = malloc(sizeof(float) * capacity);
                 if (!scores) { capacity = 0; failed = 1; continue; }
             }
             const float *qs = q + s * stride;
-            const int32_t *table = block_tables + (long)s * table_width;
+            const int32_t *table = block_tables + (long)s * table_width + start / block_size;
 #if defined(__AVX512F__)
-            if (avx512) {
+            if (avx512)
                 attend_seq_dispatch(qs, k_cache, v_cache, table, ctx, o, scores, num_kv_heads,
                                     num_heads / num_kv_heads, head_dim / 16, (long)num_kv_heads * head_dim,
                                     block_size, scale);
-                continue;
-            }
+            else
 #endif
-            attend_portable(qs, k_cache, v_cache, table, ctx, o, scores, num_heads, num_kv_heads, head_dim,
-                            block_size, scale);
+                attend_portable(qs, k_cache, v_cache, table, ctx, o, scores, num_heads, num_kv_heads, head_dim,
+                                block_size, scale);
+            if (parts[s] > 1)                    /* keep this part's log-sum-exps */
+                memcpy(o + stride, scores + (long)ctx * num_heads, sizeof(float) * num_heads);
         }
         free(scores);
     }
+    /* Merge: out[h] = sum_p exp(lse_p[h] - lse[h]) out_p[h], lse = log sum_p exp(lse_p). */
+    for (int s = 0, first = 0; s < num_seqs; first += parts[s++]) {
+        if (parts[s] == 1) continue;
+        for (int h = 0; h < num_heads; h++) {
+            float m = -INFINITY;
+            for (int p = 0; p < parts[s]; p++) {
+                const float l = part_out[(long)(first + p) * (stride + num_heads) + stride + h];
+                m = l > m ? l : m;
+            }
+            float wsum = 0.0f;
+            float *o = out + s * stride + (long)h * head_dim;
+            memset(o, 0, sizeof(float) * head_dim);
+            for (int p = 0; p < parts[s]; p++) {
+                const float *po = part_out + (long)(first + p) * (stride + num_heads);
+                const float w = expf(po[stride + h] - m);
+                wsum += w;
+                axpy(o, w, po + (long)h * head_dim, head_dim);
+            }
+            const float inv = 1.0f / wsum;
+            for (int c = 0; c < head_dim; c++) o[c] *= inv;
+        }
+    }
+    free(part_out);
+    if (parts != on_stack) free(parts);
     (void)avx512;
     return failed;
 }

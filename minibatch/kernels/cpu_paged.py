@@ -127,10 +127,13 @@ def uses_avx512(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     return bool(lib is not None and lib.avx512_path_for(num_heads, num_kv_heads, head_dim))
 
 
-def paged_decode_attention_c(q, k_cache, v_cache, block_tables, context_lens, scale=None, portable=False):
+def paged_decode_attention_c(q, k_cache, v_cache, block_tables, context_lens, scale=None, portable=False,
+                             num_threads=None):
     """Same contract as :func:`minibatch.kernels.reference.paged_decode_attention_ref`.
 
     ``portable=True`` forces the plain-C path even where the AVX-512 one would run.
+    With fewer sequences than threads (``num_threads``, default torch's), long contexts
+    are cut into parts that run on the idle threads and are merged by log-sum-exp.
     """
     lib = load()
     if lib is None:
@@ -152,7 +155,7 @@ def paged_decode_attention_c(q, k_cache, v_cache, block_tables, context_lens, sc
     failed = fn(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
         out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim, block_size,
-        tables.shape[1] if tables.dim() == 2 else 0, float(scale), torch.get_num_threads())
+        tables.shape[1] if tables.dim() == 2 else 0, float(scale), num_threads or torch.get_num_threads())
     if failed:
         raise MemoryError("C paged-attention kernel could not allocate its score buffer")
     return out

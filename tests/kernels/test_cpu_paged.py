@@ -182,3 +182,18 @@ def test_c_store_kv_rejects_slots_outside_the_cache_and_declines_other_dtypes():
         cpu_paged.store_kv_c(key, key, k_cache, v_cache, torch.tensor([0, 8, 1]))
     half = torch.zeros(2, 4, 2, 16, dtype=torch.bfloat16)
     assert cpu_paged.store_kv_c(key.bfloat16(), key.bfloat16(), half, half, torch.tensor([0, 1, 2])) is False
+
+
+@needs_kernel
+@pytest.mark.parametrize("portable", [False, True], ids=["dispatch", "portable"])
+@pytest.mark.parametrize("block_size", [1, 8, 16])
+@pytest.mark.parametrize("num_threads", [2, 4])
+def test_split_context_decode_matches_reference(portable, block_size, num_threads):
+    """Fewer sequences than threads: long contexts run in parts merged by log-sum-exp."""
+    lens = [1500, 300] if num_threads == 4 else [1037]      # 1037: a part that ends mid-block
+    k, v, tables = _paged(lens, block_size, 4, 32, seed=block_size + num_threads)
+    q = torch.randn(len(lens), 8, 32, generator=torch.Generator().manual_seed(num_threads)) * 3
+    ctx = torch.tensor(lens, dtype=torch.int32)
+    ref = paged_decode_attention_ref(q, k, v, tables, ctx)
+    out = cpu_paged.paged_decode_attention_c(q, k, v, tables, ctx, portable=portable, num_threads=num_threads)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
