@@ -9,7 +9,8 @@
    ``hardware="profile:FILE"`` (same KV pool), and compare mean, p50 and p90 E2E
    latency and output throughput (medians over the rounds). Goal: within 15% (Vidur, MLSys'24, reports < 9% on GPUs).
 
-    python benchmarks/sim_fidelity.py [--profile FILE] [--runs 5]
+    python benchmarks/sim_fidelity.py [--profile FILE] [--runs 5] [--save-data FILE]
+    python benchmarks/sim_fidelity.py --from-data FILE --outlier-ratio 0   # refit saved data
 
 Five rounds by default: one real run of these workloads scatters by up to 30-60%
 between rounds here (the VM's speed drifts over seconds), and the medians of three
@@ -40,6 +41,7 @@ import tempfile
 from pathlib import Path
 
 from minibatch.profile import fit_profile, profile_engine
+from minibatch.sim.fitted import PROFILE_OUTLIER_RATIO
 from minibatch.runner import run
 from minibatch.workload import fixed, lognormal, synthetic, uniform
 
@@ -62,6 +64,18 @@ def test_workloads():
     }
 
 
+def fit_rounds(passes, meta, outlier_ratio):
+    """One model per round, fitted to the profile passes just before and after it."""
+    tmp = Path(tempfile.mkdtemp())
+    paths = []
+    for r in range(len(passes) - 1):
+        model = fit_profile(passes[r] + passes[r + 1], meta, outlier_ratio=outlier_ratio)
+        paths.append(str(tmp / f"tiny-profile-{r}.json"))
+        model.save(paths[-1])
+        print(f"round {r + 1}: {model.describe()}")
+    return paths
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default=None, help="reuse a profile (from python -m minibatch profile)")
@@ -70,8 +84,14 @@ def main(argv=None) -> int:
     ap.add_argument("--save-data", default=None,
                     help="also write the profile passes' samples and the real rounds' summaries (JSON), "
                          "to compare cost-model variants on the same measurements")
+    ap.add_argument("--from-data", default=None,
+                    help="measure nothing: refit and simulate the passes and rounds saved by --save-data")
+    ap.add_argument("--outlier-ratio", type=float, default=None,
+                    help="the profile fit's outlier ratio (default: the profiler's, "
+                         f"{PROFILE_OUTLIER_RATIO}); 0 keeps every step")
     args = ap.parse_args(argv)
     workloads = test_workloads()
+    ratio = PROFILE_OUTLIER_RATIO if args.outlier_ratio is None else (args.outlier_ratio or None)
 
     def real_round():
         return {name: run(wl, model="tiny", **kw).summary() for name, (kw, wl) in workloads.items()}
@@ -79,6 +99,10 @@ def main(argv=None) -> int:
     if args.profile:
         paths = [args.profile] * args.runs
         rounds = [real_round() for _ in range(args.runs)]
+    elif args.from_data:
+        saved = json.loads(Path(args.from_data).read_text())
+        passes, rounds, meta = saved["passes"], saved["rounds"], saved["meta"]
+        paths = fit_rounds(passes, meta, ratio)
     else:
         # Paired calibration: the machine's speed drifts (here by 10-20% over minutes), so
         # each round of real runs is bracketed by profile passes, and that round's
@@ -91,13 +115,7 @@ def main(argv=None) -> int:
                 rounds.append(real_round())
         if args.save_data:
             Path(args.save_data).write_text(json.dumps({"passes": passes, "rounds": rounds, "meta": meta}))
-        tmp = Path(tempfile.mkdtemp())
-        paths = []
-        for r in range(args.runs):
-            model = fit_profile(passes[r] + passes[r + 1], meta)
-            paths.append(str(tmp / f"tiny-profile-{r}.json"))
-            model.save(paths[-1])
-            print(f"round {r + 1}: {model.describe()}")
+        paths = fit_rounds(passes, meta, ratio)
     kv_blocks = json.loads(Path(paths[0]).read_text())["metadata"]["kv_capacity_tokens"] // 16
     rows, worst, spread = [], 0.0, 0.0
     print(f"\n{'workload':28s} {'metric':18s} {'real':>9s} {'sim':>9s} {'error':>8s}   "

@@ -283,6 +283,9 @@ def test_profiler_fit_drops_outliers_by_default():
     from minibatch.profile import fit_profile
     from minibatch.sim.fitted import PROFILE_OUTLIER_RATIO
 
-    model = fit_profile(_with_spells(synthetic_samples(n=300, seed=5)), {"model": "tiny"})
+    samples = _with_spells(synthetic_samples(n=300, seed=5))
+    model = fit_profile(samples, {"model": "tiny"})
     assert model.metadata["outlier_ratio"] == PROFILE_OUTLIER_RATIO
     assert model.metadata["outliers_dropped"] > 0 and model.metadata["model"] == "tiny"
+    every = fit_profile(samples, {"model": "tiny"}, outlier_ratio=None)   # keeps every step
+    assert "outliers_dropped" not in every.metadata and every.num_samples == len(samples)
