@@ -34,7 +34,7 @@ import sys
 import time
 
 from minibatch.executor import StepOutput
-from minibatch.sim.fitted import next_recency
+from minibatch.sim.fitted import PROFILE_OUTLIER_RATIO, next_recency
 
 _PASSES = itertools.count()     # profile_engine calls in this process
 
@@ -130,14 +130,11 @@ def profile_engine(model: str = "tiny", scale: float = 1.0, repeats: int = 1, **
     return samples, meta
 
 
-def fit_profile(samples, meta, outlier_ratio=...):
-    """The profiler's fit: the default features, slow outliers dropped (``outlier_ratio``,
-    default :data:`~minibatch.sim.fitted.PROFILE_OUTLIER_RATIO`; None keeps every step)."""
+def fit_profile(samples, meta, outlier_ratio: float | None = PROFILE_OUTLIER_RATIO):
+    """The profiler's fit: the default features, slow outliers dropped (``outlier_ratio``;
+    None keeps every step)."""
     from minibatch.sim import FittedCostModel
-    from minibatch.sim.fitted import PROFILE_OUTLIER_RATIO
 
-    if outlier_ratio is ...:
-        outlier_ratio = PROFILE_OUTLIER_RATIO
     return FittedCostModel.fit(samples, metadata=meta, outlier_ratio=outlier_ratio)
 
 

@@ -9,13 +9,7 @@
  * replace (the models' reference code), up to summation order and contraction of
  * a * b + c into one fused multiply-add.
  */
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
-float expf(float) __attribute__((__simd__("notinbranch")));   /* libmvec; see cpu_paged.c */
-#endif
+#include "cpu_common.h"
 
 /* Below this many floats a parallel region costs more than it saves. */
 #define PARALLEL_MIN 32768

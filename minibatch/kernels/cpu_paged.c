@@ -28,19 +28,7 @@
  * Built on first use with the machine's C compiler (-O3 -march=native -fopenmp) by
  * minibatch/kernels/cpu_paged.py; torch's own OpenMP runtime is the one that runs it.
  */
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
-/* glibc's libmvec has vector expf; its header only says so under -ffast-math, which we
- * avoid (in a shared object built by GCC 12 it would switch the whole process to
- * flush-to-zero). Declaring the vector variant ourselves keeps IEEE semantics elsewhere. */
-float expf(float) __attribute__((__simd__("notinbranch")));
-#endif
-
-#define INLINE static inline __attribute__((always_inline))
+#include "cpu_common.h"
 
 INLINE float dot(const float *a, const float *b, const int n) {
     float acc = 0.0f;
@@ -54,22 +42,11 @@ INLINE void axpy(float *y, const float a, const float *x, const int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-/* Softmax over t of each of `rows` score rows of length ctx (max-subtracted). Each row's
- * log-sum-exp (of the scaled scores) goes to scores[rows * ctx + h], just past the rows,
- * for a caller that attends to a context in parts and merges them (see run_decode). */
+/* Softmax over t of each of `rows` score rows of length ctx. Each row's log-sum-exp goes
+ * to scores[rows * ctx + h], just past the rows, for a caller that attends to a context
+ * in parts and merges them (see run_decode). */
 INLINE void softmax_rows(float *scores, const int rows, const int ctx) {
-    for (int h = 0; h < rows; h++) {
-        float *p = scores + (long)h * ctx;
-        float m = p[0], sum = 0.0f;
-#pragma omp simd reduction(max : m)
-        for (int t = 1; t < ctx; t++) m = p[t] > m ? p[t] : m;
-#pragma omp simd reduction(+ : sum)
-        for (int t = 0; t < ctx; t++) { p[t] = expf(p[t] - m); sum += p[t]; }
-        const float inv = 1.0f / sum;
-#pragma omp simd
-        for (int t = 0; t < ctx; t++) p[t] *= inv;
-        scores[(long)rows * ctx + h] = m + logf(sum);
-    }
+    for (int h = 0; h < rows; h++) scores[(long)rows * ctx + h] = softmax_row(scores + (long)h * ctx, ctx);
 }
 
 /* One sequence, all heads. A cached token's K (or V) row holds all KV heads side by

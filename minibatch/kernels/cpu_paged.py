@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 SOURCES = [Path(__file__).with_name(n) for n in ("cpu_paged.c", "cpu_prefill.c", "cpu_ops.c")]
+HEADERS = [Path(__file__).with_name("cpu_common.h")]       # part of the build's hash
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 _lib: ctypes.CDLL | None = None
@@ -51,7 +52,7 @@ def _cache_dir() -> Path:
 
 
 def library_path() -> Path:
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + " ".join(CFLAGS).encode() + _cpu_signature().encode())
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES + HEADERS) + " ".join(CFLAGS).encode() + _cpu_signature().encode())
     return _cache_dir() / f"cpu_paged_{key.hexdigest()[:16]}.so"
 
 
@@ -127,6 +128,24 @@ def uses_avx512(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     return bool(lib is not None and lib.avx512_path_for(num_heads, num_kv_heads, head_dim))
 
 
+def _attention_args(q, k_cache, v_cache, block_tables, context_lens, scale):
+    """Checks and converts what both attention kernels take: (library, q, int32 tables,
+    int32 lengths, (num_heads, num_kv_heads, head_dim, block_size, table_width), scale)."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"C kernels unavailable: {build_error}")
+    _, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("the KV cache must be contiguous")
+    tables = block_tables.to(torch.int32).contiguous()
+    sizes = (num_heads, num_kv_heads, head_dim, block_size, tables.shape[1] if tables.dim() == 2 else 0)
+    scale = float(scale if scale is not None else 1.0 / math.sqrt(head_dim))
+    return lib, q.contiguous(), tables, context_lens.to(torch.int32).contiguous(), sizes, scale
+
+
 def paged_decode_attention_c(q, k_cache, v_cache, block_tables, context_lens, scale=None, portable=False,
                              num_threads=None):
     """Same contract as :func:`minibatch.kernels.reference.paged_decode_attention_ref`.
@@ -135,27 +154,13 @@ def paged_decode_attention_c(q, k_cache, v_cache, block_tables, context_lens, sc
     With fewer sequences than threads (``num_threads``, default torch's), long contexts
     are cut into parts that run on the idle threads and are merged by log-sum-exp.
     """
-    lib = load()
-    if lib is None:
-        raise RuntimeError(f"C kernels unavailable: {build_error}")
-    num_seqs, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
-    q = q.contiguous()
-    tables = block_tables.to(torch.int32).contiguous()
-    lens = context_lens.to(torch.int32).contiguous()
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("the KV cache must be contiguous")
+    lib, q, tables, lens, sizes, scale = _attention_args(q, k_cache, v_cache, block_tables, context_lens, scale)
     out = torch.empty_like(q)
-    if num_seqs == 0:
+    if q.shape[0] == 0:
         return out
     fn = lib.paged_decode_attention_f32_portable if portable else lib.paged_decode_attention_f32
-    failed = fn(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
-        out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim, block_size,
-        tables.shape[1] if tables.dim() == 2 else 0, float(scale), num_threads or torch.get_num_threads())
+    failed = fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
+                out.data_ptr(), lens.numel(), *sizes, scale, num_threads or torch.get_num_threads())
     if failed:
         raise MemoryError("C paged-attention kernel could not allocate its score buffer")
     return out
@@ -251,27 +256,14 @@ def paged_prefill_attention_c(q, k_cache, v_cache, block_tables, context_lens, q
     query tokens), so each cached key and value row is read once for all of the tile's
     query heads rather than once per query token.
     """
-    lib = load()
-    if lib is None:
-        raise RuntimeError(f"C kernels unavailable: {build_error}")
-    total, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("the KV cache must be contiguous")
-    scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
-    q = q.contiguous()
-    tables = block_tables.to(torch.int32).contiguous()
-    lens = context_lens.to(torch.int32).contiguous()
+    lib, q, tables, lens, sizes, scale = _attention_args(q, k_cache, v_cache, block_tables, context_lens, scale)
     starts = query_start_loc.to(torch.int32).contiguous()
     out = torch.empty_like(q)
-    if total == 0:
+    if q.shape[0] == 0:
         return out
     failed = lib.paged_prefill_attention_f32(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
-        starts.data_ptr(), out.data_ptr(), lens.numel(), num_heads, num_kv_heads, head_dim, block_size,
-        tables.shape[1] if tables.dim() == 2 else 0, float(scale), torch.get_num_threads())
+        starts.data_ptr(), out.data_ptr(), lens.numel(), *sizes, scale, torch.get_num_threads())
     if failed:
         raise MemoryError("C prefill-attention kernel could not allocate its scratch")
     return out

@@ -25,16 +25,7 @@
  * owns query rows query_start_loc[s] .. query_start_loc[s+1]-1, the last tokens of its
  * context_lens[s].
  */
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
-float expf(float) __attribute__((__simd__("notinbranch")));
-#endif
-
-#define INLINE static inline __attribute__((always_inline))
+#include "cpu_common.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -140,18 +131,7 @@ INLINE void tile(const float *q, const float *k_cache, const float *v_cache, con
         }
     }
     /* Softmax of each row over its causal range. */
-    for (int r = 0; r < R; r++) {
-        float *p = S + (long)r * nkp;
-        const int len = p0 + i0 + r / group + 1;
-        float m = p[0], sum = 0.0f;
-#pragma omp simd reduction(max : m)
-        for (int t = 1; t < len; t++) m = p[t] > m ? p[t] : m;
-#pragma omp simd reduction(+ : sum)
-        for (int t = 0; t < len; t++) { p[t] = expf(p[t] - m); sum += p[t]; }
-        const float inv = 1.0f / sum;
-#pragma omp simd
-        for (int t = 0; t < len; t++) p[t] *= inv;
-    }
+    for (int r = 0; r < R; r++) softmax_row(S + (long)r * nkp, p0 + i0 + r / group + 1);
     /* Pass 2: RB rows at a time; their accumulators stay in registers over the keys. */
 #if defined(__AVX512F__)
     if (D % 16 == 0 && D <= 256) {
