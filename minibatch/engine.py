@@ -167,8 +167,7 @@ class LLMEngine:
             return []
         policy = self.scheduler.policy
         num_padded = policy.num_padded_slots
-        num_decode_seqs = batch.num_decode_tokens
-        num_prefill_tokens = batch.num_prefill_tokens
+        num_decode_seqs, num_prefill_tokens = batch.token_counts()
         for req, n in batch.items:
             if req.policy_state.get("_scheduled_once") is None:
                 req.policy_state["_scheduled_once"] = True

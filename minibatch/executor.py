@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from minibatch import kernels
@@ -134,23 +135,32 @@ class ModelExecutor:
                 sample_reqs.append(r)
         dev = self.device
 
+        # Lists become tensors through numpy: torch.tensor(list) costs ~0.7 us an element
+        # here, numpy ~0.03 (at 96 sequences, ~0.1 ms a step).
+        def tensor(values, dtype):
+            t = torch.from_numpy(np.array(values, dtype=dtype))
+            return t if dev.type == "cpu" else t.to(dev)
+
         def table_tensor(tables):
             width = max(len(t) for t in tables)
-            return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+            flat: list[int] = []
+            for t in tables:
+                flat += t
+                if len(t) < width:
+                    flat += [0] * (width - len(t))
+            return tensor(flat, np.int32).view(len(tables), width)
 
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            slot_mapping=tensor(slots, np.int64),
             num_decode_tokens=len(decodes),
             decode_block_tables=table_tensor(dec_tables) if decodes else None,
-            decode_context_lens=torch.tensor(dec_lens, dtype=torch.int32, device=dev) if decodes else None,
+            decode_context_lens=tensor(dec_lens, np.int32) if decodes else None,
             prefill_block_tables=table_tensor(pre_tables) if chunks else None,
-            prefill_context_lens=torch.tensor(pre_lens, dtype=torch.int32, device=dev) if chunks else None,
-            prefill_query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev) if chunks else None,
+            prefill_context_lens=tensor(pre_lens, np.int32) if chunks else None,
+            prefill_query_start_loc=tensor(starts, np.int32) if chunks else None,
             backend=self.backend,
         )
-        input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
-        positions = torch.tensor(pos, dtype=torch.int64, device=dev)
-        return input_ids, positions, meta, sample_idx, sample_reqs
+        return tensor(ids, np.int64), tensor(pos, np.int64), meta, sample_idx, sample_reqs
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, kv: KVCacheManager) -> StepOutput:
@@ -160,7 +170,9 @@ class ModelExecutor:
         hidden = self.model(input_ids, positions, meta, self.kv_caches)
         sampled: list[tuple[Request, int]] = []
         if sample_reqs:
-            logits = self.model.compute_logits(hidden[sample_idx])
+            # In a decode-only step every row samples: no gather.
+            rows = hidden if len(sample_idx) == hidden.shape[0] else hidden[sample_idx]
+            logits = self.model.compute_logits(rows)
             sampled = list(zip(sample_reqs, sample(logits, sample_reqs)))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -17,12 +17,22 @@ from __future__ import annotations
 
 import torch
 
+from minibatch.kernels import cpu_paged
 from minibatch.request import Request
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(dim=-1)``; on CPU float32 through the C kernel (~10x faster than
+    torch's reduction on ``[100, 4096]`` here, the same indices, ties and NaNs included)."""
+    if (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
+            and logits.shape[1] > 0 and logits.stride(1) == 1 and cpu_paged.load() is not None):
+        return cpu_paged.argmax_rows_c(logits)
+    return logits.argmax(dim=-1)
 
 
 def sample(logits: torch.Tensor, reqs: list[Request]) -> list[int]:
     params = [r.sampling_params for r in reqs]
-    greedy = logits.argmax(dim=-1)
+    greedy = argmax_rows(logits)
     if all(p.greedy for p in params):
         return greedy.tolist()
     rows = [i for i, p in enumerate(params) if not p.greedy]

@@ -47,12 +47,21 @@ class ScheduledBatch:
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(1 for r, n in self.items if n == 1 and r.num_output_tokens > 0
-                   and r.num_computed_tokens == r.num_tokens - 1)
+        return self.token_counts()[0]
 
     @property
     def num_prefill_tokens(self) -> int:
-        return self.num_tokens - self.num_decode_tokens
+        return self.token_counts()[1]
+
+    def token_counts(self) -> tuple[int, int]:
+        """``(decode tokens, prefill tokens)`` in one pass over the items. A decode is one
+        new token of a request that has output and only its newest token to compute."""
+        decode = total = 0
+        for r, n in self.items:
+            total += n
+            if n == 1 and r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1:
+                decode += 1
+        return decode, total - decode
 
     def __bool__(self) -> bool:
         return bool(self.items)

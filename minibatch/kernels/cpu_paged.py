@@ -106,6 +106,8 @@ def load() -> ctypes.CDLL | None:
         lib.store_kv_f32.argtypes = [P, L, P, L, P, P, P, L, I, L, I]
         lib.rope_f32.restype = None
         lib.rope_f32.argtypes = [P, L, L, I, I, P, P, P, I]
+        lib.argmax_rows_f32.restype = None
+        lib.argmax_rows_f32.argtypes = [P, L, L, I, P, I]
         _lib = lib
     except Exception as e:  # no compiler, read-only cache, ...: keep the torch path
         build_error = f"{type(e).__name__}: {e}"
@@ -211,6 +213,19 @@ def rope_c_(x: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, p
     _lib.rope_f32(x.data_ptr(), x.stride(0), n, heads, head_dim, cos_cache.data_ptr(), sin_cache.data_ptr(),
                   pos.data_ptr(), torch.get_num_threads())
     return x
+
+
+def argmax_rows_c(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(dim=-1)`` of a 2-D float32 CPU tensor whose rows are contiguous
+    (the first index of each row's maximum; a NaN counts as the maximum)."""
+    if logits.dim() != 2 or logits.stride(1) != 1 or logits.shape[1] == 0:
+        raise ValueError("argmax_rows_c needs a 2-D tensor with contiguous, non-empty rows")
+    rows, cols = logits.shape
+    out = torch.empty(rows, dtype=torch.int64)
+    if rows:
+        _lib.argmax_rows_f32(logits.data_ptr(), logits.stride(0), rows, cols, out.data_ptr(),
+                             torch.get_num_threads())
+    return out
 
 
 def store_kv_c(key, value, k_cache, v_cache, slot_mapping) -> bool:

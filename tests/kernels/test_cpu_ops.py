@@ -77,3 +77,49 @@ def test_the_cpu_backend_switches_the_fused_ops_on_and_the_torch_backend_off():
     a = [o.outputs[0].token_ids for o in fused_llm.generate(prompts, p)]
     b = [o.outputs[0].token_ids for o in plain_llm.generate(prompts, p)]
     assert a == b
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1), (1, 4096), (3, 63), (7, 64), (5, 65), (96, 4096), (40, 5000)])
+def test_argmax_rows_matches_torch(rows, cols):
+    g = torch.Generator().manual_seed(rows * cols)
+    x = torch.randn(rows, cols, generator=g)
+    assert torch.equal(cpu_paged.argmax_rows_c(x), x.argmax(dim=-1))
+    # Ties: the first index of the maximum, wherever the copies fall.
+    x[:, cols // 3] = 9.0
+    x[:, cols - 1] = 9.0
+    assert torch.equal(cpu_paged.argmax_rows_c(x), x.argmax(dim=-1))
+
+
+def test_argmax_rows_follows_torch_on_nan_inf_and_constant_rows():
+    x = torch.randn(7, 200, generator=torch.Generator().manual_seed(1))
+    x[0, 70], x[0, 150] = float("nan"), float("nan")       # the first NaN wins
+    x[1] = 2.0                                             # all equal: index 0
+    x[2] = float("-inf")
+    x[3, 5], x[3, 180] = float("inf"), float("inf")
+    x[4, 0] = float("-inf")                                # -inf elsewhere than the maximum
+    x[5, 199] = 50.0                                       # the last element
+    x[6, 10], x[6, 20] = float("inf"), float("nan")        # NaN beats +inf
+    assert torch.equal(cpu_paged.argmax_rows_c(x), x.argmax(dim=-1))
+
+
+def test_argmax_rows_takes_a_row_strided_view_and_rejects_bad_shapes():
+    base = torch.randn(6, 300, generator=torch.Generator().manual_seed(2))
+    view = base[::2, 10:290]                               # rows 600 floats apart
+    assert torch.equal(cpu_paged.argmax_rows_c(view), view.argmax(dim=-1))
+    with pytest.raises(ValueError):
+        cpu_paged.argmax_rows_c(base.t())                  # columns not contiguous
+    with pytest.raises(ValueError):
+        cpu_paged.argmax_rows_c(torch.randn(10))
+
+
+def test_greedy_sampling_uses_the_c_argmax(monkeypatch):
+    from minibatch import sampler
+    calls = []
+    real = cpu_paged.argmax_rows_c
+    monkeypatch.setattr(cpu_paged, "argmax_rows_c", lambda t: calls.append(t.shape) or real(t))
+    out = LLM("tiny").generate([[5, 6, 7], [8, 9]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 3 for o in out)
+    assert calls and all(s[1] == 4096 for s in calls)
+    n = len(calls)
+    assert torch.equal(sampler.argmax_rows(torch.tensor([[1.0, 3.0]], dtype=torch.float64)), torch.tensor([1]))
+    assert len(calls) == n                                  # other dtypes: torch's argmax
