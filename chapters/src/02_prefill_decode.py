@@ -236,6 +236,61 @@ display(Markdown(
     f"逐层的小矩阵开销。道理相同——每一步有一份与批大小无关的固定成本，批越大摊得越薄——只是 GPU 上这份固定成本的主体是读权重。"))
 
 # %% [markdown]
+# **这台机器的下限。** 固定成本里有多少是硬件必须付的？把实验 A 的每一步按这台机器自己的 Roofline 定价：
+# 先实测单线程（与上面的实验一致）的 GEMM 峰值算力（`tiny` 的 gate/up 投影、512 行，走引擎同一条预打包路径）和
+# 读内存的带宽（对一个 256 MiB 的张量求和），再把它们填进一份 `HardwareSpec`，效率取 1、每步固定开销取 0。
+# 这样 `RooflineCostModel` 给出的就是任何引擎在这台机器上都快不过的时间：每个 GEMM 至少要读一遍权重、
+# 每个序列至少要读一遍自己的 KV。（范数、激活这类逐元素运算不计入，所以它偏乐观，是“下限”。）
+
+# %% tags=["nbval-ignore-output"]
+import time
+
+from minibatch.model.llama import _pack, packed_linear
+from minibatch.sim.hardware import HardwareSpec
+
+
+def best_seconds(fn, repeats=7):
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+w_gate_up = _pack(torch.randn(2 * tiny.intermediate_size, tiny.hidden_size) * 0.05)
+x_rows = torch.randn(512, tiny.hidden_size)
+gemm_peak = 2 * 512 * tiny.hidden_size * 2 * tiny.intermediate_size / best_seconds(
+    lambda: packed_linear(x_rows, w_gate_up, None))
+big = torch.randn(64 * 2**20)                                       # 256 MiB of float32
+read_bw = big.numel() * 4 / best_seconds(lambda: big.sum(), repeats=3)
+del big
+this_cpu = HardwareSpec("this CPU, 1 thread (measured)", peak_flops=gemm_peak, memory_bandwidth=read_bw,
+                        memory_bytes=16 * 2**30, interconnect="none", interconnect_bandwidth=1.0,
+                        flop_efficiency=1.0, bandwidth_efficiency=1.0, step_overhead_s=0.0)
+floor_cm = RooflineCostModel("tiny", this_cpu)
+ctx_a = 32 + 6                       # experiment A: 32-token prompts, the middle of 12 decode steps
+cpu_floor = {B: floor_cm.step_time([], [ctx_a] * B) for B in BATCHES}
+print(f"this machine, 1 thread: GEMM peak {gemm_peak / 1e9:.0f} GFLOP/s, read bandwidth {read_bw / 1e9:.1f} GB/s")
+for B in BATCHES:
+    print(f"B={B:3d}: measured {cpu_batch[B] * 1e3:6.2f} ms, floor {cpu_floor[B] * 1e3:6.2f} ms "
+          f"({cpu_batch[B] / cpu_floor[B]:4.1f}x the floor)")
+
+# %% tags=["nbval-ignore-output"]
+gain_measured = BATCHES[-1] * cpu_batch[1] / cpu_batch[BATCHES[-1]]
+gain_floor = BATCHES[-1] * cpu_floor[1] / cpu_floor[BATCHES[-1]]
+display(Markdown(
+    f"批为 1 时，下限是 {cpu_floor[1] * 1e3:.2f} ms（主要是以 {read_bw / 1e9:.0f} GB/s 读一遍 "
+    f"{tiny.weight_bytes / 2**20:.1f} MiB 权重），实测 {cpu_batch[1] * 1e3:.2f} ms，是下限的 "
+    f"{cpu_batch[1] / cpu_floor[1]:.1f} 倍；批为 {BATCHES[-1]} 时只有 {cpu_batch[BATCHES[-1]] / cpu_floor[BATCHES[-1]]:.1f} 倍。"
+    f"于是按下限算，批 {BATCHES[-1]} 的吞吐是批 1 的 {gain_floor:.0f} 倍，实测却是 {gain_measured:.0f} 倍："
+    f"**实测的批处理收益里，有一部分来自摊薄软件的每步开销**（Python 调度、算子分发与库调用的开销），而不只是摊薄读权重。"
+    f"这提醒我们两件事：一是比较“连续批处理比逐个处理快多少倍”时，要看清分母里有多少是软件开销——引擎把每步开销"
+    f"做得越小，这个倍数反而越小，用户却更快了；二是 GPU 引擎同样如此，vLLM 用 CUDA Graph、把调度与前向重叠等手段"
+    f"压缩每步开销，道理相同（第 9、10 章）。`benchmarks/batching_bound.py` 对第 5 章那种偏斜负载做了同样的分解。"))
+
+# %% [markdown]
 # ## 2.5 预测：LLaMA-7B 在 A100 / H100 上
 #
 # 没有 GPU 也能预测：代价模型 `RooflineCostModel` 对一步里的每个内核套用 Roofline，再加上每步的固定开销（调度、
