@@ -125,3 +125,55 @@ void argmax_rows_f32(const float *x, long row_stride, long rows, int cols, int64
 #pragma omp parallel for num_threads(num_threads) if (rows * (long)cols >= 4 * PARALLEL_MIN) schedule(static)
     for (long r = 0; r < rows; r++) out[r] = argmax_row(x + r * row_stride, cols);
 }
+
+/* y[m, :] = x[m, :] @ w^T (+ bias) for a few rows m < M: a linear layer at decode batch
+ * sizes, where it is a matrix-vector product bound by reading w ([N, K], row-major, the
+ * layer's own weight) once. Each work item takes four rows of w and, with them in L1,
+ * runs the M rows of x over them; threads split w's rows. At M = 1 this reads the weights
+ * at ~100 GB/s here from the last-level cache, against ~25 GB/s for oneDNN's prepacked
+ * GEMM, whose fixed cost per call dominates at one row. */
+void linear_small_m_f32(const float *x, long x_stride, const float *w, const float *bias, float *y,
+                        long y_stride, int M, int N, int K, int num_threads) {
+    const int groups = (N + 3) / 4;
+#pragma omp parallel for num_threads(num_threads) if ((long)N * K >= PARALLEL_MIN) schedule(static)
+    for (int g = 0; g < groups; g++) {
+        const int n = 4 * g;
+        if (n + 4 <= N) {
+            const float *w0 = w + (long)n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+            for (int m = 0; m < M; m++) {
+                const float *xm = x + m * x_stride;
+                float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+                for (int k = 0; k < K; k++) {
+                    const float xv = xm[k];
+                    a0 += w0[k] * xv;
+                    a1 += w1[k] * xv;
+                    a2 += w2[k] * xv;
+                    a3 += w3[k] * xv;
+                }
+                float *ym = y + m * y_stride + n;
+                if (bias) {
+                    a0 += bias[n];
+                    a1 += bias[n + 1];
+                    a2 += bias[n + 2];
+                    a3 += bias[n + 3];
+                }
+                ym[0] = a0;
+                ym[1] = a1;
+                ym[2] = a2;
+                ym[3] = a3;
+            }
+        } else {
+            for (int r = n; r < N; r++) {
+                const float *wr = w + (long)r * K;
+                for (int m = 0; m < M; m++) {
+                    const float *xm = x + m * x_stride;
+                    float a = 0.0f;
+#pragma omp simd reduction(+ : a)
+                    for (int k = 0; k < K; k++) a += wr[k] * xm[k];
+                    y[m * y_stride + r] = bias ? a + bias[r] : a;
+                }
+            }
+        }
+    }
+}

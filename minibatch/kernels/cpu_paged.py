@@ -106,6 +106,8 @@ def load() -> ctypes.CDLL | None:
         lib.store_kv_f32.argtypes = [P, L, P, L, P, P, P, L, I, L, I]
         lib.rope_f32.restype = None
         lib.rope_f32.argtypes = [P, L, L, I, I, P, P, P, I]
+        lib.linear_small_m_f32.restype = None
+        lib.linear_small_m_f32.argtypes = [P, L, P, P, P, L, I, I, I, I]
         lib.argmax_rows_f32.restype = None
         lib.argmax_rows_f32.argtypes = [P, L, L, I, P, I]
         _lib = lib
@@ -213,6 +215,20 @@ def rope_c_(x: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, p
     _lib.rope_f32(x.data_ptr(), x.stride(0), n, heads, head_dim, cos_cache.data_ptr(), sin_cache.data_ptr(),
                   pos.data_ptr(), torch.get_num_threads())
     return x
+
+
+def linear_small_m_c(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a 2-D float32 ``x`` of a few rows (decode batch
+    sizes): one pass over ``weight`` (``[N, K]``, contiguous) serves every row of ``x``."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty(m, n, dtype=x.dtype)
+    _lib.linear_small_m_f32(x.data_ptr(), x.stride(0), weight.data_ptr(),
+                            None if bias is None else bias.data_ptr(), out.data_ptr(), n, m, n, k,
+                            torch.get_num_threads())
+    return out
 
 
 def argmax_rows_c(logits: torch.Tensor) -> torch.Tensor:

@@ -123,3 +123,46 @@ def test_greedy_sampling_uses_the_c_argmax(monkeypatch):
     n = len(calls)
     assert torch.equal(sampler.argmax_rows(torch.tensor([[1.0, 3.0]], dtype=torch.float64)), torch.tensor([1]))
     assert len(calls) == n                                  # other dtypes: torch's argmax
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 512, 256), (2, 256, 688), (1, 4096, 256), (3, 13, 40), (1, 1, 7),
+                                   (2, 6, 33)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_small_m_matches_f_linear(m, n, k, with_bias):
+    g = torch.Generator().manual_seed(m * n + k)
+    w = torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if with_bias else None
+    x = torch.randn(m, k, generator=g)
+    torch.testing.assert_close(cpu_paged.linear_small_m_c(x, w, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+
+
+def test_linear_small_m_takes_row_strided_inputs():
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(24, 40, generator=g)
+    wide = torch.randn(2, 100, generator=g)
+    x = wide[:, 30:70]                                     # rows 100 floats apart
+    torch.testing.assert_close(cpu_paged.linear_small_m_c(x, w, None), F.linear(x, w), atol=1e-4, rtol=1e-4)
+
+
+def test_prepacked_projections_take_the_c_path_only_for_a_few_rows(monkeypatch):
+    from minibatch.model import llama
+    llm = LLM("tiny")
+    model = llm.engine.executor.model
+    proj = model.layers[0].self_attn.qkv_proj
+    if not getattr(proj, "_small_m", False):
+        pytest.skip("prepacked oneDNN linear not available here")
+    calls = []
+    real = cpu_paged.linear_small_m_c
+    monkeypatch.setattr(cpu_paged, "linear_small_m_c", lambda x, w, b: calls.append(x.shape[0]) or real(x, w, b))
+    for rows in range(1, llama.SMALL_M_ROWS + 3):
+        x = torch.randn(rows, proj.in_features)
+        torch.testing.assert_close(proj(x), F.linear(x, proj.weight, proj.bias), atol=1e-4, rtol=1e-4)
+    assert calls == list(range(1, llama.SMALL_M_ROWS + 1))
+    calls.clear()
+    h = torch.randn(1, proj.in_features)
+    torch.testing.assert_close(model.compute_logits(h), F.linear(h, model.embed_tokens.weight), atol=1e-4, rtol=1e-4)
+    assert calls == [1]                                    # the tied LM head too
+    calls.clear()
+    monkeypatch.setattr(llama, "SMALL_M_ROWS", 0)
+    proj(torch.randn(1, proj.in_features))
+    assert calls == []                                     # SMALL_M_ROWS=0: oneDNN for every size
