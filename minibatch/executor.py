@@ -56,14 +56,15 @@ class ModelExecutor:
         self.model, self.model_config, self.hf_config, self.model_path = load_model(
             config.model, self.device, self.dtype, seed=config.seed)
         mc = self.model_config
-        # CPU float32: oneDNN-prepacked weights (MINIBATCH_PREPACK=0 keeps plain F.linear).
+        self.backend = kernels.resolve_backend(config.attention_backend, self.device)
+        # CPU float32: oneDNN-prepacked weights (MINIBATCH_PREPACK=0 keeps plain F.linear);
+        # with the "cpu" backend, projections of one or two rows run in C.
         self.prepacked = (self.device.type == "cpu" and os.environ.get("MINIBATCH_PREPACK", "1") != "0"
-                          and self.model.prepack_for_cpu())
+                          and self.model.prepack_for_cpu(small_m=self.backend == "cpu"))
         self.block_size = config.block_size
         self.block_bytes = config.block_size * mc.kv_bytes_per_token(self.dtype.itemsize)
         self.num_kv_blocks = config.num_kv_blocks or self._blocks_from_budget()
         shape = (self.num_kv_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)
-        self.backend = kernels.resolve_backend(config.attention_backend, self.device)
         # The "cpu" backend also fuses RMSNorm, RoPE and the SwiGLU gate into C ops.
         self.fused_ops = self.backend == "cpu" and self.model.use_fused_cpu_ops()
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),

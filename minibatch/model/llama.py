@@ -236,7 +236,7 @@ class LlamaModel(nn.Module):
             return out.float()
         return F.linear(hidden, weight).float()
 
-    def prepack_for_cpu(self) -> bool:
+    def prepack_for_cpu(self, small_m: bool = True) -> bool:
         """Re-lay every projection's weight once for oneDNN (CPU, float32).
 
         This is the step ``torch.compile`` calls weight prepacking ("freezing") on CPU:
@@ -246,18 +246,19 @@ class LlamaModel(nn.Module):
         place, so the projections' memory doubles (16 MiB more for ``tiny``; set
         ``MINIBATCH_PREPACK=0`` for a large checkpoint on a small machine). Returns False,
         changing nothing, where the op is missing or disagrees with ``F.linear`` on a
-        test input.
+        test input. With ``small_m``, inputs of up to ``SMALL_M_ROWS`` rows skip oneDNN
+        for the C matrix-vector product on the original weight (:func:`small_m_linear`).
         """
         if not onednn_linear_available(self.embed_tokens.weight):
             return False
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 module._packed = _pack(module.weight)
-                module._small_m = _small_m_ok(module.weight, module.bias)
+                module._small_m = small_m and _small_m_ok(module.weight, module.bias)
                 module.forward = _packed_forward.__get__(module)
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         self._packed_lm_head = _pack(weight)
-        self._small_m_lm_head = _small_m_ok(weight, None)
+        self._small_m_lm_head = small_m and _small_m_ok(weight, None)
         return True
 
 

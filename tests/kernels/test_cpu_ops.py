@@ -166,3 +166,14 @@ def test_prepacked_projections_take_the_c_path_only_for_a_few_rows(monkeypatch):
     monkeypatch.setattr(llama, "SMALL_M_ROWS", 0)
     proj(torch.randn(1, proj.in_features))
     assert calls == []                                     # SMALL_M_ROWS=0: oneDNN for every size
+
+
+def test_the_torch_backend_keeps_every_projection_in_torch():
+    llm = LLM("tiny", attention_backend="torch")
+    model = llm.engine.executor.model
+    assert not model._small_m_lm_head
+    assert not any(getattr(m, "_small_m", False) for m in model.modules())
+    cpu = LLM("tiny", attention_backend="cpu").engine.executor
+    if not cpu.prepacked:
+        pytest.skip("prepacked oneDNN linear not available here")
+    assert cpu.model._small_m_lm_head and cpu.model.layers[0].mlp.down_proj._small_m
