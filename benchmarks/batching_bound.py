@@ -47,56 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from offline_throughput import minibatch_run, skewed_workload  # noqa: E402
 
 from minibatch import LLM  # noqa: E402
-from minibatch.profile import RecordingExecutor  # noqa: E402
+from minibatch.profile import (RecordingExecutor, floor_hardware, measure_gemm_peak,  # noqa: E402
+                               measure_read_bandwidth)
 from minibatch.sim import RooflineCostModel  # noqa: E402
-from minibatch.sim.hardware import GiB, HardwareSpec  # noqa: E402
 from minibatch.sim.model_specs import ModelSpec  # noqa: E402
-
-
-def _median_seconds(fn, repeats: int, inner: int = 1) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        times.append((time.perf_counter() - t) / inner)
-    return statistics.median(times)
-
-
-def measure_gemm_peak(spec: ModelSpec, rows=(128, 256, 512, 1024, 2048), repeats: int = 5) -> float:
-    """The best FLOP/s of the model's linear layers together (fp32, the engine's prepacked
-    oneDNN path), over a few row counts: small ones stay in cache, large ones amortize more."""
-    from minibatch.model.llama import _pack, packed_linear
-
-    h, q, kv, i = spec.hidden_size, spec.q_size, spec.kv_size, spec.intermediate_size
-    shapes = [(q + 2 * kv, h), (h, q), (2 * i, h), (h, i), (spec.vocab_size, h)]
-    g = torch.Generator().manual_seed(0)
-    weights = [_pack(torch.randn(n, k, generator=g) * 0.05) for n, k in shapes]
-    best = 0.0
-    for m in rows:
-        flops, seconds = 0.0, 0.0
-        for (n, k), packed in zip(shapes, weights):
-            x = torch.randn(m, k, generator=g)
-            seconds += _median_seconds(lambda: packed_linear(x, packed, None), repeats,
-                                       max(1, 1024 // m))
-            flops += 2.0 * m * n * k
-        best = max(best, flops / seconds)
-    return best
-
-
-def measure_read_bandwidth(nbytes: int, repeats: int = 9) -> float:
-    """Bytes/s of one full read of a float32 tensor of ``nbytes`` (``sum``)."""
-    x = torch.randn(nbytes // 4)
-    inner = max(1, (64 << 20) // nbytes)
-    return nbytes / _median_seconds(lambda: x.sum(), repeats, inner)
-
-
-def floor_hardware(name: str, gemm_flops: float, bandwidth: float) -> HardwareSpec:
-    """A roofline with no step overhead and efficiencies of 1: the floor of any engine."""
-    return HardwareSpec(name, peak_flops=gemm_flops, memory_bandwidth=bandwidth, memory_bytes=32 * GiB,
-                        interconnect="none", interconnect_bandwidth=1.0, flop_efficiency=1.0,
-                        bandwidth_efficiency=1.0, step_overhead_s=0.0, source="measured here")
 
 
 def floor_seconds(samples: list[dict], model: RooflineCostModel) -> float:

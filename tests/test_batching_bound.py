@@ -1,4 +1,5 @@
-"""benchmarks/batching_bound.py: the roofline floor of recorded steps, buckets, recording."""
+"""The roofline floor of recorded steps (``minibatch.profile``'s machine measurements and
+``benchmarks/batching_bound.py``): floors, buckets, recording."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from minibatch import LLM, SamplingParams
+from minibatch.profile import floor_hardware, measure_gemm_peak, measure_read_bandwidth
 from minibatch.sim import RooflineCostModel, get_model_spec
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "batching_bound.py"
@@ -23,7 +25,7 @@ def test_floor_of_a_one_sequence_decode_step_is_its_bytes_over_bandwidth():
     # At one row every GEMM and the attention are memory-bound, so the floor is the
     # bytes they must read (weights, activations, the sequence's K/V) over the bandwidth.
     bw, ctx = 10e9, 100
-    model = RooflineCostModel(TINY, bb.floor_hardware("t", gemm_flops=1e15, bandwidth=bw))
+    model = RooflineCostModel(TINY, floor_hardware("t", gemm_flops=1e15, bandwidth=bw))
     m, b = TINY, 4
     h, q, kv, i = m.hidden_size, m.q_size, m.kv_size, m.intermediate_size
     gemm_bytes = sum(k * n + k + n for k, n in ((h, q + 2 * kv), (q, h), (h, 2 * i), (i, h))) * m.num_layers
@@ -36,7 +38,7 @@ def test_floor_of_a_one_sequence_decode_step_is_its_bytes_over_bandwidth():
 
 def test_floor_of_a_big_prefill_is_its_flops_over_the_gemm_peak():
     peak = 1e11
-    model = RooflineCostModel(TINY, bb.floor_hardware("t", gemm_flops=peak, bandwidth=1e15))
+    model = RooflineCostModel(TINY, floor_hardware("t", gemm_flops=peak, bandwidth=1e15))
     n = 2048
     flops = 2 * n * TINY.layer_linear_params * TINY.num_layers + 2 * TINY.hidden_size * TINY.vocab_size
     pairs = n * (n + 1) / 2
@@ -45,14 +47,14 @@ def test_floor_of_a_big_prefill_is_its_flops_over_the_gemm_peak():
 
 
 def test_batching_lowers_the_floor_per_token():
-    model = RooflineCostModel(TINY, bb.floor_hardware("t", gemm_flops=2e11, bandwidth=3e10))
+    model = RooflineCostModel(TINY, floor_hardware("t", gemm_flops=2e11, bandwidth=3e10))
     one = model.step_time([], [200])
     many = model.step_time([], [200] * 64)
     assert many < 64 * one / 5          # weights are read once for the whole batch
 
 
 def test_bucket_table_splits_steps_by_kind():
-    model = RooflineCostModel(TINY, bb.floor_hardware("t", gemm_flops=1e11, bandwidth=1e10))
+    model = RooflineCostModel(TINY, floor_hardware("t", gemm_flops=1e11, bandwidth=1e10))
     samples = [{"prefill": [(50, 50)], "decode": [10], "time_s": 0.5},
                {"prefill": [], "decode": [10], "time_s": 0.1},
                {"prefill": [], "decode": [10] * 5, "time_s": 0.2},
@@ -80,7 +82,7 @@ def test_recorded_steps_match_the_engine_steps_and_restore_the_executor():
 
 
 def test_summarize_reports_floors_and_excess():
-    model = RooflineCostModel(TINY, bb.floor_hardware("t", gemm_flops=1e11, bandwidth=1e10))
+    model = RooflineCostModel(TINY, floor_hardware("t", gemm_flops=1e11, bandwidth=1e10))
     samples = [{"prefill": [(20, 20)], "decode": [], "time_s": 0.01},
                {"prefill": [], "decode": [21], "time_s": 0.002}]
     out = bb.summarize(samples, 0.05, {"dram": model, "cache": replace_bw(model, 1e11)})
@@ -96,6 +98,6 @@ def replace_bw(model: RooflineCostModel, bw: float) -> RooflineCostModel:
 
 
 def test_the_measurements_are_positive_and_finite():
-    assert 1e8 < bb.measure_read_bandwidth(1 << 20, repeats=3) < 1e13
+    assert 1e8 < measure_read_bandwidth(1 << 20, repeats=3) < 1e13
     small = replace(TINY, num_layers=1, vocab_size=256)
-    assert 1e8 < bb.measure_gemm_peak(small, rows=(64,), repeats=2) < 1e14
+    assert 1e8 < measure_gemm_peak(small, rows=(64,), repeats=2) < 1e14

@@ -237,38 +237,17 @@ display(Markdown(
 
 # %% [markdown]
 # **这台机器的下限。** 固定成本里有多少是硬件必须付的？把实验 A 的每一步按这台机器自己的 Roofline 定价：
-# 先实测单线程（与上面的实验一致）的 GEMM 峰值算力（`tiny` 的 gate/up 投影、512 行，走引擎同一条预打包路径）和
+# 先实测单线程（与上面的实验一致）的 GEMM 峰值算力（`tiny` 的五个投影、512 行，走引擎同一条预打包路径）和
 # 读内存的带宽（对一个 256 MiB 的张量求和），再把它们填进一份 `HardwareSpec`，效率取 1、每步固定开销取 0。
 # 这样 `RooflineCostModel` 给出的就是任何引擎在这台机器上都快不过的时间：每个 GEMM 至少要读一遍权重、
 # 每个序列至少要读一遍自己的 KV。（范数、激活这类逐元素运算不计入，所以它偏乐观，是“下限”。）
 
 # %% tags=["nbval-ignore-output"]
-import time
+from minibatch.profile import floor_hardware, measure_gemm_peak, measure_read_bandwidth
 
-from minibatch.model.llama import _pack, packed_linear
-from minibatch.sim.hardware import HardwareSpec
-
-
-def best_seconds(fn, repeats=7):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-w_gate_up = _pack(torch.randn(2 * tiny.intermediate_size, tiny.hidden_size) * 0.05)
-x_rows = torch.randn(512, tiny.hidden_size)
-gemm_peak = 2 * 512 * tiny.hidden_size * 2 * tiny.intermediate_size / best_seconds(
-    lambda: packed_linear(x_rows, w_gate_up, None))
-big = torch.randn(64 * 2**20)                                       # 256 MiB of float32
-read_bw = big.numel() * 4 / best_seconds(lambda: big.sum(), repeats=3)
-del big
-this_cpu = HardwareSpec("this CPU, 1 thread (measured)", peak_flops=gemm_peak, memory_bandwidth=read_bw,
-                        memory_bytes=16 * 2**30, interconnect="none", interconnect_bandwidth=1.0,
-                        flop_efficiency=1.0, bandwidth_efficiency=1.0, step_overhead_s=0.0)
+gemm_peak = measure_gemm_peak(tiny, rows=(512,))                  # the model's five projections
+read_bw = measure_read_bandwidth(256 * 2**20, repeats=3)
+this_cpu = floor_hardware("this CPU, 1 thread (measured)", gemm_peak, read_bw)
 floor_cm = RooflineCostModel("tiny", this_cpu)
 ctx_a = 32 + 6                       # experiment A: 32-token prompts, the middle of 12 decode steps
 cpu_floor = {B: floor_cm.step_time([], [ctx_a] * B) for B in BATCHES}

@@ -1,6 +1,6 @@
 /*
  * Shared by the CPU kernels (cpu_paged.c, cpu_prefill.c, cpu_ops.c): the inline macro,
- * the vector expf declaration, and the softmax of one score row.
+ * the vector expf declaration, a dot product and the softmax of one score row.
  */
 #ifndef MINIBATCH_CPU_COMMON_H
 #define MINIBATCH_CPU_COMMON_H
@@ -18,6 +18,13 @@ float expf(float) __attribute__((__simd__("notinbranch")));
 #endif
 
 #define INLINE static inline __attribute__((always_inline))
+
+INLINE float dot(const float *a, const float *b, const int n) {
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int i = 0; i < n; i++) acc += a[i] * b[i];
+    return acc;
+}
 
 /* p[0..len) <- softmax(p[0..len)) (max-subtracted); returns the row's log-sum-exp. */
 INLINE float softmax_row(float *p, const int len) {

@@ -164,16 +164,11 @@ void linear_small_m_f32(const float *x, long x_stride, const float *w, const flo
                 ym[3] = a3;
             }
         } else {
-            for (int r = n; r < N; r++) {
-                const float *wr = w + (long)r * K;
+            for (int r = n; r < N; r++)
                 for (int m = 0; m < M; m++) {
-                    const float *xm = x + m * x_stride;
-                    float a = 0.0f;
-#pragma omp simd reduction(+ : a)
-                    for (int k = 0; k < K; k++) a += wr[k] * xm[k];
+                    const float a = dot(w + (long)r * K, x + m * x_stride, K);
                     y[m * y_stride + r] = bias ? a + bias[r] : a;
                 }
-            }
         }
     }
 }

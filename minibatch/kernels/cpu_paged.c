@@ -30,13 +30,6 @@
  */
 #include "cpu_common.h"
 
-INLINE float dot(const float *a, const float *b, const int n) {
-    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-    for (int i = 0; i < n; i++) acc += a[i] * b[i];
-    return acc;
-}
-
 INLINE void axpy(float *y, const float a, const float *x, const int n) {
 #pragma omp simd
     for (int i = 0; i < n; i++) y[i] += a * x[i];
