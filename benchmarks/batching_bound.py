@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from offline_throughput import minibatch_run, skewed_workload  # noqa: E402
 
 from minibatch import LLM  # noqa: E402
-from minibatch.profile import (RecordingExecutor, floor_hardware, measure_gemm_peak,  # noqa: E402
+from minibatch.sim.calibrate import (RecordingExecutor, floor_hardware, measure_gemm_peak,  # noqa: E402
                                measure_read_bandwidth)
 from minibatch.sim import RooflineCostModel  # noqa: E402
 from minibatch.sim.model_specs import ModelSpec  # noqa: E402

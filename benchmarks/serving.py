@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from minibatch import LLM, SamplingParams  # noqa: E402
 from minibatch.bench import run_benchmark  # noqa: E402
-from minibatch.bench_data import make_requests  # noqa: E402
+from minibatch.bench.datasets import make_requests  # noqa: E402
 from minibatch.policies import available  # noqa: E402
 from serving_utils import ServerProcess  # noqa: E402
 

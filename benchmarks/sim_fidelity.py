@@ -1,6 +1,6 @@
 """Simulator fidelity: calibrate on a profile of this machine, predict unseen workloads.
 
-1. Profile the real engine (``minibatch.profile``: varied training workloads) and fit
+1. Profile the real engine (``minibatch.sim.calibrate``: varied training workloads) and fit
    a step-time model. The machine's speed drifts, so the runs are paired: a profile
    pass, a round of real runs, a profile pass, another round, ...; each round's
    simulation uses the model fitted to the passes just before and after it.
@@ -40,7 +40,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from minibatch.profile import fit_profile, profile_engine
+from minibatch.sim.calibrate import fit_profile, profile_engine
 from minibatch.sim.fitted import PROFILE_OUTLIER_RATIO
 from minibatch.runner import run
 from minibatch.workload import fixed, lognormal, synthetic, uniform

@@ -1,25 +1,19 @@
-"""CLI for the procedural tiny-model corpus (generator core: minibatch/tiny_corpus.py).
+"""CLI for the procedural tiny-model corpus (generator core: ``minibatch/tiny/corpus.py``).
 
     python datasets/tiny_corpus.py --out DIR --n N --seed S [--heldout-frac F] [--print K]
 
 Writes DIR/train.jsonl (N documents) and DIR/heldout.jsonl (held-out
 character/place combinations, different random stream), one
 {"text": ...} object per line.  Deterministic for a given seed.
+The generator needs only the standard library; ``import minibatch`` imports nothing heavy.
 """
 
 import argparse
-import importlib.util
 import pathlib
 import sys
 
-# Load the generator module by path: it only needs the standard library, and
-# importing the `minibatch` package would pull in torch and transformers.
-_path = pathlib.Path(__file__).resolve().parents[1] / "minibatch" / "tiny_corpus.py"
-_spec = importlib.util.spec_from_file_location("_minibatch_tiny_corpus", _path)
-_mod = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = _mod  # dataclasses look their module up here
-_spec.loader.exec_module(_mod)
-generate, write_corpus = _mod.generate, _mod.write_corpus
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))   # run from a checkout
+from minibatch.tiny.corpus import generate, write_corpus  # noqa: E402
 
 
 def main(argv=None):

@@ -5,8 +5,12 @@ The offline API follows vLLM's::
     from minibatch import LLM, SamplingParams
     llm = LLM(model="tiny", max_num_seqs=16, policy="continuous")
     outs = llm.generate(["hello"], SamplingParams(temperature=0.0, max_tokens=32))
+
+The names below are imported on first use (PEP 562), so ``import minibatch`` (and the
+torch-free parts: the load generator, workloads, the tiny corpus) does not import torch.
 """
 
+import importlib
 import os
 
 # OpenMP threads that spin while waiting make every torch op dozens of times slower as
@@ -15,18 +19,35 @@ import os
 # It only takes effect if torch has not been imported yet; set it yourself to override.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from minibatch.config import EngineConfig  # noqa: E402
-from minibatch.engine import LLMEngine  # noqa: E402
-from minibatch.llm import LLM  # noqa: E402
-from minibatch.model.loader import tiny_model_path  # noqa: E402
-from minibatch.request import CompletionOutput, RequestMetrics, RequestOutput, RequestStatus  # noqa: E402
-from minibatch.results import RequestRecord, RunResult  # noqa: E402
-from minibatch.runner import RunController, run  # noqa: E402
-from minibatch.sampling_params import SamplingParams  # noqa: E402
-
-TINY_MODEL_PATH = tiny_model_path()
-
-__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput", "CompletionOutput",
-           "RequestMetrics", "RequestStatus", "TINY_MODEL_PATH", "run", "RunResult", "RunController",
-           "RequestRecord"]
 __version__ = "0.1.0"
+
+# name -> module that defines it
+_EXPORTS = {
+    "LLM": "minibatch.llm",
+    "LLMEngine": "minibatch.engine",
+    "EngineConfig": "minibatch.config",
+    "SamplingParams": "minibatch.sampling_params",
+    "RequestOutput": "minibatch.request",
+    "CompletionOutput": "minibatch.request",
+    "RequestStatus": "minibatch.request",
+    "RequestRecord": "minibatch.results",
+    "RunResult": "minibatch.results",
+    "run": "minibatch.runner",
+    "RunController": "minibatch.runner",
+}
+__all__ = [*_EXPORTS, "TINY_MODEL_PATH"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name == "TINY_MODEL_PATH":           # the embedded model's files
+        from minibatch.assets import TINY_MODEL_PATH as value
+    else:
+        raise AttributeError(f"module 'minibatch' has no attribute {name!r}")
+    globals()[name] = value          # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,13 +1,82 @@
-"""Engine configuration: one dataclass, vLLM's names where vLLM has one."""
+"""Engine configuration: one dataclass, vLLM's names where vLLM has one.
+
+Every engine option is declared once, as a field of :class:`EngineConfig`: its type, its
+default, its help text and (where it has a fixed set) its choices. The command line is
+generated from those fields (:func:`add_engine_args`), so a new field appears in
+``generate``, ``serve``, ``simulate`` and ``profile`` without editing a list.
+
+The environment variables minibatch reads are listed once too, in :data:`ENV_VARS`.
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import os
+import types
+import typing
 from dataclasses import dataclass, field, fields
 
 PREEMPTION_MODES = ("recompute", "swap")
 KV_ALLOCATORS = ("paged", "contiguous")
 EXECUTORS = ("model", "sim")
 ADMISSION_MODES = ("max_utilization", "guaranteed_no_evict", "conservative")
+ATTENTION_BACKENDS = ("torch", "triton", "cpu")
+DTYPES = ("float32", "float16", "bfloat16", "fp32", "fp16", "bf16")
+
+# Every environment variable minibatch reads, and what it does.
+ENV_VARS = {
+    "OMP_WAIT_POLICY": "set to PASSIVE by `import minibatch` unless already set (spinning OpenMP threads "
+                       "slow torch down badly when processes share the cores); ACTIVE is faster on an idle machine",
+    "MINIBATCH_KERNELS": "attention kernels: triton | cpu | torch (default: triton on CUDA, cpu on CPU "
+                         "when the C kernels build)",
+    "MINIBATCH_CPU_KERNEL": "0 turns the C kernels off (the torch path runs)",
+    "MINIBATCH_CACHE": "where the C kernels are compiled to (default: $XDG_CACHE_HOME/minibatch or "
+                       "~/.cache/minibatch)",
+    "MINIBATCH_PREPACK": "0 keeps plain F.linear instead of oneDNN-prepacked projection weights (CPU float32)",
+    "MINIBATCH_GEMM_BUCKETS": "0 stops padding GEMM row counts to a bounded set of sizes (CPU prepacked weights)",
+    "MINIBATCH_SMALL_M_ROWS": "projections of at most this many rows run as a C matrix-vector product "
+                              "(default 2; 0 turns it off)",
+    "MINIBATCH_API_KEY": "default of `serve --api-key`",
+    "MINIBATCH_LABS_DIR": "the labs folder that `python -m minibatch.labs` uses (default: the checkout's labs/)",
+    "MINIBATCH_PROPERTY_EXAMPLES": "tests: examples per Hypothesis property test",
+    "MINIBATCH_ARTIFACTS": "tests: where screenshots and other test artifacts go (default: artifacts/)",
+}
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """``os.environ[name]`` for a variable listed in :data:`ENV_VARS` (a typo fails loudly)."""
+    if name not in ENV_VARS:
+        raise KeyError(f"{name} is not one of minibatch's environment variables: {sorted(ENV_VARS)}")
+    return os.environ.get(name, default)
+
+
+def option(default, help: str, choices=None, flags: tuple[str, ...] = (), parse=None, **kw):
+    """A config field with what the command line needs to know about it."""
+    meta = {"help": help, "choices": choices, "flags": flags, "parse": parse}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
+
+
+def parse_duration_ms(text) -> float:
+    """``"30ms"``, ``"0.03s"`` or a bare number of milliseconds -> milliseconds."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    t = str(text).strip().lower()
+    try:
+        if t.endswith("ms"):
+            return float(t[:-2])
+        if t.endswith("s"):
+            return float(t[:-1]) * 1000.0
+        return float(t)
+    except ValueError:
+        raise ValueError(f"cannot read duration {text!r}; write e.g. 30ms or 0.03s") from None
+
+
+def _policy_names() -> tuple[str, ...]:
+    from minibatch.policies import available
+    return tuple(available())
 
 
 @dataclass
@@ -16,33 +85,39 @@ class EngineConfig:
 
     KV cache size: ``num_kv_blocks`` if given; else ``kv_cache_memory_bytes`` (a budget
     in bytes) divided by the bytes of one block; else a default budget (256 MiB on CPU,
-    ``gpu_memory_utilization`` of the free GPU memory on CUDA).
+    ``gpu_memory_utilization`` of the free GPU memory on CUDA). The engine records the
+    values it resolves (``max_model_len``, ``num_kv_blocks``) on its own copy of the
+    config, ``LLMEngine.config``.
     """
 
-    model: str = "tiny"
-    tokenizer: str | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    gpu_memory_utilization: float = 0.9
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = False
-    preemption_mode: str = "recompute"
-    policy: str = "continuous"
-    max_wait_ms: float = 0.0
-    admission: str = "max_utilization"
-    executor: str = "model"
-    hardware: str | None = None
-    kv_allocator: str = "paged"
-    device: str | None = None
-    dtype: str | None = None
-    seed: int = 0
-    attention_backend: str | None = None
-    swap_space_blocks: int | None = None
-    extra: dict = field(default_factory=dict)
+    model: str = option("tiny", "'tiny' (embedded), a local Hugging Face checkpoint directory, or (simulator) "
+                                "a model name such as llama-2-7b")
+    tokenizer: str | None = option(None, "tokenizer directory (default: the model's)")
+    max_num_seqs: int = option(256, "most requests in one step's batch")
+    max_num_batched_tokens: int = option(2048, "most new tokens computed in one step (the token budget)")
+    max_model_len: int | None = option(None, "longest sequence, prompt + output (default: what the model supports)")
+    block_size: int = option(16, "tokens per KV block")
+    num_kv_blocks: int | None = option(None, "KV blocks in the pool (default: from kv_cache_memory_bytes)")
+    kv_cache_memory_bytes: int | None = option(None, "KV cache budget in bytes (default: 256 MiB on CPU, "
+                                                     "gpu_memory_utilization of free GPU memory)")
+    gpu_memory_utilization: float = option(0.9, "fraction of GPU memory for weights + KV cache")
+    enable_chunked_prefill: bool = option(True, "split long prompts over several steps")
+    enable_prefix_caching: bool = option(False, "reuse the KV blocks of identical prompt prefixes")
+    preemption_mode: str = option("recompute", "what preemption does with a victim's KV", PREEMPTION_MODES)
+    policy: str = option("continuous", "scheduling policy", _policy_names, flags=("--scheduling-policy",))
+    max_wait_ms: float = option(0.0, "dynamic batching window, e.g. 30ms or 0.03s (a bare number is ms)",
+                                flags=("--max-wait",), parse=parse_duration_ms)
+    admission: str = option("max_utilization", "admission control", ADMISSION_MODES)
+    executor: str = option("model", "run the real model, or the simulator's cost model", EXECUTORS)
+    hardware: str | None = option(None, "simulator hardware, e.g. a100-80g, 4xa10, profile:FILE")
+    kv_allocator: str = option("paged", "KV allocator (contiguous reserves max_model_len per request)",
+                               KV_ALLOCATORS)
+    device: str | None = option(None, "cpu or cuda (default: cuda if available)")
+    dtype: str | None = option(None, "weight and KV dtype (default: bfloat16 on CUDA, float32 on CPU)", DTYPES)
+    seed: int = option(0, "seed of the random weights and of unseeded sampling")
+    attention_backend: str | None = option(None, "attention kernels (default: $MINIBATCH_KERNELS, else triton "
+                                                 "on CUDA, cpu on CPU)", ATTENTION_BACKENDS)
+    swap_space_blocks: int | None = option(None, "host blocks for swap preemption (default: as many as the pool)")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
@@ -60,6 +135,13 @@ class EngineConfig:
         config.validate()
         return config
 
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> "EngineConfig":
+        """A validated copy with ``changes`` applied."""
+        return EngineConfig.from_kwargs(**{**self.to_dict(), **changes})
+
     @property
     def scheduling_policy(self) -> str:
         return self.policy
@@ -72,26 +154,72 @@ class EngineConfig:
 
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             positive_int(name)
-        if self.num_kv_blocks is not None:
-            positive_int("num_kv_blocks")
-        if self.max_model_len is not None:
-            positive_int("max_model_len")
-        if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"unknown preemption_mode {self.preemption_mode!r}; expected one of {PREEMPTION_MODES}")
-        if self.kv_allocator not in KV_ALLOCATORS:
-            raise ValueError(f"unknown kv_allocator {self.kv_allocator!r}; expected one of {KV_ALLOCATORS}")
+        for name in ("num_kv_blocks", "max_model_len", "kv_cache_memory_bytes"):
+            if getattr(self, name) is not None:
+                positive_int(name)
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            if isinstance(choices, tuple) and getattr(self, f.name) is not None \
+                    and getattr(self, f.name) not in choices:
+                raise ValueError(f"unknown {f.name} {getattr(self, f.name)!r}; expected one of {choices}")
         if self.kv_allocator == "contiguous" and self.enable_prefix_caching:
             raise ValueError("enable_prefix_caching needs kv_allocator='paged' (a contiguous reservation "
                              "cannot share blocks)")
-        if self.admission not in ADMISSION_MODES:
-            raise ValueError(f"unknown admission {self.admission!r}; expected one of {ADMISSION_MODES}")
         if self.swap_space_blocks is not None and (not isinstance(self.swap_space_blocks, int)
                                                    or isinstance(self.swap_space_blocks, bool)
                                                    or self.swap_space_blocks < 0):
             raise ValueError(f"swap_space_blocks must be an integer >= 0, got {self.swap_space_blocks!r}")
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"unknown executor {self.executor!r}; expected one of {EXECUTORS}")
-        if self.max_wait_ms < 0:
-            raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms!r}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+        if not isinstance(self.max_wait_ms, (int, float)) or isinstance(self.max_wait_ms, bool) \
+                or not 0 <= self.max_wait_ms < float("inf"):
+            raise ValueError(f"max_wait_ms must be a finite number >= 0, got {self.max_wait_ms!r}")
+        if not isinstance(self.gpu_memory_utilization, (int, float)) \
+                or not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+
+
+# -- the command line, generated from the fields ----------------------------------------------
+def _field_type(f: dataclasses.Field):
+    hint = typing.get_type_hints(EngineConfig)[f.name]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = args[0]
+    return hint
+
+
+def add_engine_args(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
+    """One flag per :class:`EngineConfig` field (``--max-num-seqs`` for ``max_num_seqs``).
+
+    Every flag defaults to ``None`` ("not given"), so that only what the user typed
+    reaches the config and the field's own default applies otherwise; ``defaults``
+    overrides a field's default for this command (``simulate``: ``model="llama-2-7b"``).
+    """
+    defaults = defaults or {}
+    group = parser.add_argument_group("engine options (EngineConfig fields)")
+    for f in fields(EngineConfig):
+        meta = f.metadata
+        kind = _field_type(f)
+        shown = defaults.get(f.name, f.default)
+        help_ = meta.get("help", "") + ("" if shown is None else f" (default: {shown})")
+        names = [f"--{f.name.replace('_', '-')}", *meta.get("flags", ())]
+        kw: dict = {"dest": f.name, "default": None, "help": help_}
+        if kind is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = meta.get("parse") or kind
+            choices = meta.get("choices")
+            if callable(choices):
+                choices = choices()
+            if choices:
+                kw["choices"] = choices
+                kw["metavar"] = "{" + ",".join(choices) + "}"
+        group.add_argument(*names, **kw)
+
+
+def engine_kwargs(args: argparse.Namespace, defaults: dict | None = None) -> dict:
+    """The engine options given on the command line (and ``defaults`` for the rest)."""
+    kw = dict(defaults or {})
+    for f in fields(EngineConfig):
+        value = getattr(args, f.name, None)
+        if value is not None:
+            kw[f.name] = value
+    return kw

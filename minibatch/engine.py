@@ -10,13 +10,14 @@ goes to the listeners registered with :meth:`LLMEngine.subscribe`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Callable
 
 from minibatch.clock import make_clock
 from minibatch.config import EngineConfig
 from minibatch.kv_cache import KVCacheManager
-from minibatch.metrics import StepRecord
+from minibatch.timeline import StepRecord
 from minibatch.request import Request, RequestOutput, RequestStatus
 from minibatch.sampling_params import SamplingParams
 from minibatch.scheduler import Scheduler
@@ -25,7 +26,8 @@ from minibatch.tokenizer import IncrementalDetokenizer, load_tokenizer
 
 class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, clock="wall", executor=None, **kwargs):
-        self.config = config or EngineConfig.from_kwargs(**kwargs)
+        config = config or EngineConfig.from_kwargs(**kwargs)
+        self.config = config
         self.clock = make_clock(clock)
         if executor is None:
             executor = self._make_executor()
@@ -33,12 +35,15 @@ class LLMEngine:
         mc = getattr(executor, "model_config", None)
         self.eos_token_ids: tuple[int, ...] = tuple(mc.eos_token_ids) if mc is not None else ()
         self.max_model_len = self._max_model_len()
+        # The engine's own copy, with the values resolved from the model and the executor.
+        self.config = dataclasses.replace(config, max_model_len=self.max_model_len,
+                                          num_kv_blocks=executor.num_kv_blocks)
         self.tokenizer = None
         path = self.config.tokenizer or getattr(executor, "model_path", None)
         if path is not None:
             self.tokenizer = load_tokenizer(path)
         self.vocab_size = mc.vocab_size if mc is not None else None
-        self.kv = KVCacheManager(executor.num_kv_blocks, self.config.block_size, self.config.enable_prefix_caching,
+        self.kv = KVCacheManager(self.config.num_kv_blocks, self.config.block_size, self.config.enable_prefix_caching,
                                  allocator=self.config.kv_allocator, max_model_len=self.max_model_len)
         self.scheduler = Scheduler(self.config, self.kv, max_model_len=self.max_model_len)
         if self.config.preemption_mode == "swap":
@@ -52,14 +57,13 @@ class LLMEngine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self._listeners: list[Callable] = []
-        self.num_rejected = 0
         self._swap_recorded = (0, 0)    # swap counters at the last StepRecord
 
     def _make_executor(self):
         if self.config.executor == "model":
             from minibatch.executor import ModelExecutor
             return ModelExecutor(self.config)
-        from minibatch.sim_executor import SimExecutor  # noqa: PLC0415  (issue: simulator)
+        from minibatch.sim.executor import SimExecutor  # noqa: PLC0415  (issue: simulator)
         return SimExecutor(self.config)
 
     def _max_model_len(self) -> int:
@@ -167,7 +171,7 @@ class LLMEngine:
             return []
         policy = self.scheduler.policy
         num_padded = policy.num_padded_slots
-        num_decode_seqs, num_prefill_tokens = batch.token_counts()
+        num_decode_tokens, num_prefill_tokens = batch.token_counts()    # a decode is one sequence
         for req, n in batch.items:
             if req.policy_state.get("_scheduled_once") is None:
                 req.policy_state["_scheduled_once"] = True
@@ -191,8 +195,8 @@ class LLMEngine:
         self.steps.append(StepRecord(
             step=len(self.steps), start_time=start, duration=now - start, forward_time=out.forward_time,
             num_seqs=batch.num_seqs,
-            num_prefill_seqs=batch.num_seqs - num_decode_seqs, num_decode_seqs=num_decode_seqs,
-            num_prefill_tokens=num_prefill_tokens, num_decode_tokens=num_decode_seqs,
+            num_prefill_seqs=batch.num_seqs - num_decode_tokens, num_decode_seqs=num_decode_tokens,
+            num_prefill_tokens=num_prefill_tokens, num_decode_tokens=num_decode_tokens,
             num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running),
             num_preempted=len(batch.preempted), kv_blocks_used=self.kv.num_used_blocks,
             kv_blocks_total=self.kv.num_blocks, policy=policy.name, num_padded_slots=num_padded,
@@ -260,7 +264,6 @@ class LLMEngine:
         req.status = RequestStatus.REJECTED
         req.error = error
         req.finish_time = req.arrival_time
-        self.num_rejected += 1
         self.finished.append(req)
         self._emit("arrival", req, at=req.arrival_time, prompt_len=req.num_prompt_tokens)
         self._emit("reject", req, at=req.arrival_time, error=error)

@@ -10,7 +10,6 @@ recompute) is now fully in the cache.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -18,17 +17,17 @@ import numpy as np
 import torch
 
 from minibatch import kernels
-from minibatch.config import EngineConfig
+from minibatch.config import EngineConfig, env
 from minibatch.kv_cache import KVCacheManager
 from minibatch.model.llama import AttentionMetadata
 from minibatch.model.loader import load_model
 from minibatch.request import Request
 from minibatch.sampler import sample
-from minibatch.scheduler import ScheduledBatch
+from minibatch.scheduler import ScheduledBatch, is_decode
 
 DEFAULT_CPU_KV_BYTES = 256 * 2**20
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}   # config.DTYPES
 
 
 @dataclass
@@ -42,10 +41,10 @@ def pick_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if config.dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    elif config.dtype in DTYPES:
-        dtype = DTYPES[config.dtype]
+    elif config.dtype in TORCH_DTYPES:
+        dtype = TORCH_DTYPES[config.dtype]
     else:
-        raise ValueError(f"unknown dtype {config.dtype!r}; expected one of {sorted(DTYPES)}")
+        raise ValueError(f"unknown dtype {config.dtype!r}; expected one of {sorted(TORCH_DTYPES)}")
     return device, dtype
 
 
@@ -59,7 +58,7 @@ class ModelExecutor:
         self.backend = kernels.resolve_backend(config.attention_backend, self.device)
         # CPU float32: oneDNN-prepacked weights (MINIBATCH_PREPACK=0 keeps plain F.linear);
         # with the "cpu" backend, projections of one or two rows run in C.
-        self.prepacked = (self.device.type == "cpu" and os.environ.get("MINIBATCH_PREPACK", "1") != "0"
+        self.prepacked = (self.device.type == "cpu" and env("MINIBATCH_PREPACK", "1") != "0"
                           and self.model.prepack_for_cpu(small_m=self.backend == "cpu"))
         self.block_size = config.block_size
         self.block_bytes = config.block_size * mc.kv_bytes_per_token(self.dtype.itemsize)
@@ -101,8 +100,8 @@ class ModelExecutor:
     def prepare(self, batch: ScheduledBatch, kv: KVCacheManager):
         """Flatten the batch: decodes (query length 1) first, then the longer chunks."""
         bs = self.block_size
-        decodes = [(r, n) for r, n in batch.items if n == 1]
-        chunks = [(r, n) for r, n in batch.items if n != 1]
+        decodes = [(r, n) for r, n in batch.items if is_decode(n)]
+        chunks = [(r, n) for r, n in batch.items if not is_decode(n)]
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []

@@ -32,10 +32,9 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 
+from minibatch.config import KV_ALLOCATORS
 from minibatch.radix import RadixTree
 from minibatch.request import Request
-
-KV_ALLOCATORS = ("paged", "contiguous")
 
 
 class Block:
@@ -262,12 +261,6 @@ class KVCacheManager:
             self.pool.register(blocks[i], h, parent, chunk)
 
     # -- allocation --------------------------------------------------------------
-    def can_allocate(self, req: Request, num_new_tokens: int, num_computed_blocks: int = 0,
-                     reserve_tokens: int = 0) -> bool:
-        have = len(self.req_blocks.get(req.request_id, ())) or num_computed_blocks
-        need = self.blocks_for_request(req.num_computed_tokens + num_new_tokens + reserve_tokens) - have
-        return need <= self.pool.num_free_blocks
-
     def num_free_hits(self, computed_blocks: list[int]) -> int:
         """Cached blocks of a hit that no request holds: taking them shrinks the free queue."""
         return sum(1 for b in computed_blocks if self.pool.blocks[b].ref_cnt == 0)

@@ -19,8 +19,12 @@ class LLM:
     """
 
     def __init__(self, model: str = "tiny", **kwargs):
-        self.config = EngineConfig.from_kwargs(model=model, **kwargs)
-        self.engine = LLMEngine(self.config)
+        self.engine = LLMEngine(EngineConfig.from_kwargs(model=model, **kwargs))
+
+    @property
+    def config(self) -> EngineConfig:
+        """The engine's config, with ``max_model_len`` and ``num_kv_blocks`` resolved."""
+        return self.engine.config
 
     @property
     def tokenizer(self):

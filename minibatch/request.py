@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import torch
-
+from minibatch.results import RequestRecord
 from minibatch.sampling_params import SamplingParams
 
 
@@ -60,8 +59,9 @@ class Request:
         self.first_token_time: float | None = None
         self.token_times: list[float] = []
         self.finish_time: float | None = None
-        self.generator: torch.Generator | None = None
+        self.generator = None               # torch.Generator of a seeded request (the sampler's)
         if sampling_params.seed is not None:
+            import torch
             self.generator = torch.Generator().manual_seed(sampling_params.seed)
         self.policy_state: dict = {}        # scratch space for scheduling policies
 
@@ -95,60 +95,6 @@ class Request:
 
 
 @dataclass
-class RequestMetrics:
-    """Per-request latency figures, defined as ``vllm bench serve`` defines them.
-
-    TTFT = first_token_time - arrival_time; E2E = finish_time - arrival_time;
-    TPOT = (E2E - TTFT) / (output_tokens - 1), excluding the first token;
-    ITL = every gap between consecutive tokens; queue delay = first_scheduled_time - arrival_time.
-    """
-
-    arrival_time: float
-    first_scheduled_time: float | None
-    first_token_time: float | None
-    finish_time: float | None
-    num_prompt_tokens: int
-    num_output_tokens: int
-    num_preemptions: int
-    num_cached_tokens: int
-    token_times: list[float] = field(default_factory=list)
-
-    @property
-    def ttft(self) -> float | None:
-        if self.first_token_time is None:
-            return None
-        return self.first_token_time - self.arrival_time
-
-    @property
-    def e2e(self) -> float | None:
-        if self.finish_time is None:
-            return None
-        return self.finish_time - self.arrival_time
-
-    @property
-    def tpot(self) -> float | None:
-        if self.num_output_tokens < 2 or self.first_token_time is None or not self.token_times:
-            return None
-        return (self.token_times[-1] - self.first_token_time) / (self.num_output_tokens - 1)
-
-    @property
-    def itl(self) -> list[float]:
-        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
-
-    @property
-    def queue_delay(self) -> float | None:
-        if self.first_scheduled_time is None:
-            return None
-        return self.first_scheduled_time - self.arrival_time
-
-    @classmethod
-    def of(cls, req: Request) -> "RequestMetrics":
-        return cls(req.arrival_time, req.first_scheduled_time, req.first_token_time, req.finish_time,
-                   req.num_prompt_tokens, req.num_output_tokens, req.num_preemptions,
-                   req.num_cached_tokens, list(req.token_times))
-
-
-@dataclass
 class CompletionOutput:
     index: int
     text: str
@@ -166,7 +112,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
-    metrics: RequestMetrics
+    metrics: RequestRecord             # arrival_time, first_token_time, ttft, tpot, e2e, num_preemptions ...
     error: str | None = None
 
     @classmethod
@@ -174,4 +120,4 @@ class RequestOutput:
         reason = req.status.value if req.status.finished else None
         completion = CompletionOutput(0, req.output_text, list(req.output_token_ids), reason, req.stop_reason)
         return cls(req.request_id, req.prompt, list(req.prompt_token_ids), [completion],
-                   req.status.finished, RequestMetrics.of(req), req.error)
+                   req.status.finished, RequestRecord.of(req, keep_tokens=False), req.error)

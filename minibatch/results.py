@@ -21,17 +21,78 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from minibatch.metrics import StepRecord
-from minibatch.request import Request, RequestMetrics
+from minibatch.timeline import StepRecord
+
+if TYPE_CHECKING:
+    from minibatch.request import Request
 
 PERCENTILES = (50, 90, 99)
+# SLO bounds are seconds in Python: {"ttft": 0.8, "tpot": 0.05, "e2e": 5.0}. On the command line
+# they are vLLM bench's milliseconds, ``--goodput ttft:800 tpot:50 e2el:5000`` (parse_goodput).
+SLO_METRICS = ("ttft", "tpot", "e2e")
+_SLO_CLI_NAMES = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e", "e2e": "e2e"}
+
+
+def tpot(first_token_time: float | None, last_token_time: float | None, num_output_tokens: int) -> float | None:
+    """Time per output token after the first: ``(t_n - t_1) / (n - 1)``; ``None`` below two tokens.
+
+    The one definition, shared by the engine's records and the load generator's (where
+    ``t_1`` and ``t_n`` are the first and last streamed chunk)."""
+    if num_output_tokens < 2 or first_token_time is None or last_token_time is None:
+        return None
+    return (last_token_time - first_token_time) / (num_output_tokens - 1)
+
+
+def percentiles(values, ps=PERCENTILES) -> dict:
+    """``{p: value}``, linear interpolation between order statistics (numpy's default, as
+    ``vllm bench serve``); ``nan`` for no values."""
+    arr = np.asarray([v for v in values if v is not None], dtype=float)
+    return {p: float(np.percentile(arr, p)) if arr.size else float("nan") for p in ps}
+
+
+def parse_goodput(goodput) -> dict[str, float]:
+    """SLO bounds in seconds from vLLM bench's form, milliseconds: ``["ttft:800", "tpot:50",
+    "e2el:5000"]`` (or ``"ttft:800 tpot:50"``) -> ``{"ttft": 0.8, "tpot": 0.05, "e2e": 5.0}``.
+
+    A dict is taken as seconds already (the Python form) and only checked."""
+    if not goodput:
+        return {}
+    if isinstance(goodput, dict):
+        items, scale = goodput.items(), 1.0
+    else:
+        if isinstance(goodput, str):
+            goodput = goodput.replace(",", " ").split()
+        items, scale = [], 1e-3
+        for term in goodput:
+            name, sep, value = str(term).partition(":")
+            if not sep:
+                raise ValueError(f"cannot read SLO term {term!r}; write e.g. ttft:800 tpot:50 (milliseconds)")
+            items.append((name.strip(), value))
+    slo = {}
+    for name, value in items:
+        key = _SLO_CLI_NAMES.get(name) if scale != 1.0 else (name if name in SLO_METRICS else None)
+        if key is None:
+            known = "ttft, tpot, e2el (milliseconds)" if scale != 1.0 else ", ".join(SLO_METRICS) + " (seconds)"
+            raise ValueError(f"unknown SLO metric {name!r}; use {known}")
+        try:
+            bound = float(value) * scale
+        except (TypeError, ValueError):
+            raise ValueError(f"SLO {name} must be a number, got {value!r}") from None
+        if not 0 < bound < float("inf"):
+            raise ValueError(f"SLO {name} must be a positive, finite bound, got {value!r}")
+        slo[key] = bound
+    return slo
 
 
 @dataclass
 class RequestRecord:
+    """The one record of a request's life and latencies (``RunResult.requests``,
+    ``RequestOutput.metrics``), with ``vllm bench serve``'s definitions (module docstring)."""
+
     request_id: str
     arrival_time: float
     prompt_len: int
@@ -43,42 +104,37 @@ class RequestRecord:
     finish_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     num_preemptions: int = 0
-    prefix_hit_tokens: int = 0
+    num_cached_tokens: int = 0            # prompt tokens served by the prefix cache (first admission)
     finish_reason: str | None = None
     error: str | None = None
     output_token_ids: list[int] | None = None
 
-    def _m(self) -> RequestMetrics:
-        return RequestMetrics(self.arrival_time, self.first_scheduled_time, self.first_token_time,
-                              self.finish_time, self.prompt_len, self.output_len, self.num_preemptions,
-                              self.prefix_hit_tokens, self.token_times)
-
     @property
     def ttft(self) -> float | None:
-        return self._m().ttft
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
 
     @property
     def tpot(self) -> float | None:
-        return self._m().tpot
+        return tpot(self.first_token_time, self.token_times[-1] if self.token_times else None, self.output_len)
 
     @property
     def itl(self) -> list[float]:
-        return self._m().itl
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
 
     @property
     def e2e(self) -> float | None:
-        return self._m().e2e
+        return None if self.finish_time is None else self.finish_time - self.arrival_time
 
     @property
     def queue_delay(self) -> float | None:
-        return self._m().queue_delay
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
 
     @property
     def completed(self) -> bool:
         return self.finish_reason in ("stop", "length")
 
     @classmethod
-    def of(cls, req: Request, keep_tokens: bool = True) -> "RequestRecord":
+    def of(cls, req: "Request", keep_tokens: bool = True) -> "RequestRecord":
         return cls(req.request_id, req.arrival_time, req.num_prompt_tokens, req.num_output_tokens,
                    req.priority, req.tenant, req.first_scheduled_time, req.first_token_time, req.finish_time,
                    list(req.token_times), req.num_preemptions, req.num_cached_tokens,
@@ -120,16 +176,21 @@ def records_from_events(events) -> list[RequestRecord]:
 
 
 def _stats(prefix: str, values: list[float], out: dict) -> None:
-    arr = np.asarray([v for v in values if v is not None], dtype=float)
-    out[f"{prefix}_mean"] = float(arr.mean()) if arr.size else float("nan")
-    for p in PERCENTILES:
-        out[f"{prefix}_p{p}"] = float(np.percentile(arr, p)) if arr.size else float("nan")
+    arr = [v for v in values if v is not None]
+    out[f"{prefix}_mean"] = float(np.mean(arr)) if arr else float("nan")
+    for p, v in percentiles(arr).items():
+        out[f"{prefix}_p{p}"] = v
 
 
-def meets_slo(rec: RequestRecord, slo: dict[str, float]) -> bool:
+def meets_slo(rec, slo: dict[str, float]) -> bool:
+    """Did a completed request meet every bound of ``slo`` (seconds; keys of SLO_METRICS)?
+    Works on anything with ``completed`` and the latency properties (the load generator's
+    results too)."""
     if not rec.completed:
         return False
     for key, bound in slo.items():
+        if key not in SLO_METRICS:
+            raise ValueError(f"unknown SLO metric {key!r}; use {', '.join(SLO_METRICS)} (seconds)")
         value = getattr(rec, key)
         if key == "tpot" and value is None:      # a one-token output has no TPOT
             continue
@@ -166,7 +227,7 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord] | None = Non
         out["goodput"] = good / duration if duration > 0 else 0.0
         out["slo_attainment"] = good / len(records) if records else 0.0
     prompt_total = sum(r.prompt_len for r in records if r.first_scheduled_time is not None)
-    out["prefix_cache_hit_rate"] = (sum(r.prefix_hit_tokens for r in records) / prompt_total
+    out["prefix_cache_hit_rate"] = (sum(r.num_cached_tokens for r in records) / prompt_total
                                     if prompt_total else 0.0)
     out["num_preemptions"] = sum(r.num_preemptions for r in records)
     out["num_swapped_blocks"] = sum(s.num_swapped_out_blocks for s in steps)

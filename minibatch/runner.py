@@ -112,9 +112,7 @@ def run(workload, config: EngineConfig | None = None, clock: str = "virtual", *,
         if config is None:
             config = EngineConfig.from_kwargs(**engine_kwargs)
         elif engine_kwargs:
-            merged = {k: v for k, v in vars(config).items() if k != "extra"}
-            merged.update(engine_kwargs)
-            config = EngineConfig.from_kwargs(**merged)
+            config = config.replace(**engine_kwargs)
         engine = LLMEngine(config, clock=clock)
     config = engine.config
     clk = engine.clock
@@ -211,7 +209,7 @@ def run(workload, config: EngineConfig | None = None, clock: str = "virtual", *,
     if not clk.virtual:
         for r in records:      # report wall-clock runs relative to the run's start
             _shift(r, -t0)
-    cfg = {k: v for k, v in vars(config).items() if k != "extra"}
+    cfg = config.to_dict()
     steps = list(engine.steps)
     if not clk.virtual:
         steps = [dataclasses.replace(st, start_time=st.start_time - t0) for st in steps]

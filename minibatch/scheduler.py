@@ -30,6 +30,15 @@ from minibatch.policies import Policy, SchedulerState, make_policy
 from minibatch.request import Request, RequestStatus
 
 
+def is_decode(num_new_tokens: int) -> bool:
+    """The one definition of a decode: a step item of exactly one new token (query length 1).
+
+    That is what the kernels (a decode row), the cost models and the timeline all count,
+    whatever the request's phase: the last token of a prompt whose other tokens were
+    cached or chunked is computed, and counted, as a decode."""
+    return num_new_tokens == 1
+
+
 @dataclass
 class ScheduledBatch:
     """The work of one step: ``(request, num_new_tokens)`` pairs, in batch order."""
@@ -45,23 +54,25 @@ class ScheduledBatch:
     def num_tokens(self) -> int:
         return sum(n for _, n in self.items)
 
-    @property
-    def num_decode_tokens(self) -> int:
-        return self.token_counts()[0]
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return self.token_counts()[1]
-
     def token_counts(self) -> tuple[int, int]:
-        """``(decode tokens, prefill tokens)`` in one pass over the items. A decode is one
-        new token of a request that has output and only its newest token to compute."""
+        """``(decode tokens, prefill tokens)`` (see :func:`is_decode`)."""
         decode = total = 0
-        for r, n in self.items:
+        for _, n in self.items:
             total += n
-            if n == 1 and r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1:
-                decode += 1
+            decode += is_decode(n)
         return decode, total - decode
+
+    def shape(self) -> tuple[list[tuple[int, int]], list[int]]:
+        """What a cost model prices: ``([(new tokens, context after) per prefill chunk],
+        [context after, per decode])``."""
+        prefill, decode = [], []
+        for req, n in self.items:
+            ctx = req.num_computed_tokens + n
+            if is_decode(n):
+                decode.append(ctx)
+            else:
+                prefill.append((n, ctx))
+        return prefill, decode
 
     def __bool__(self) -> bool:
         return bool(self.items)

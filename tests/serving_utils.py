@@ -62,10 +62,12 @@ class ServerProcess:
 
 
 def metric(text: str, name: str, **labels: str) -> float:
-    """The value of the first sample of ``name`` with these labels in a Prometheus text page."""
-    want = [f'{k}="{v}"' for k, v in labels.items()]
-    for line in text.splitlines():
-        head, _, value = line.rpartition(" ")
-        if (head == name or head.startswith(name + "{")) and all(w in head for w in want):
-            return float(value)
+    """The value of the sample ``name`` with these labels on a ``/metrics`` page, read with
+    ``prometheus_client``'s own parser (so the page must be valid exposition text)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
     raise KeyError(f"{name} {labels}")

@@ -1,4 +1,4 @@
-"""The roofline floor of recorded steps (``minibatch.profile``'s machine measurements and
+"""The roofline floor of recorded steps (``minibatch.sim.calibrate``'s machine measurements and
 ``benchmarks/batching_bound.py``): floors, buckets, recording."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from minibatch import LLM, SamplingParams
-from minibatch.profile import floor_hardware, measure_gemm_peak, measure_read_bandwidth
+from minibatch import LLM
+from minibatch.sim.calibrate import floor_hardware, measure_gemm_peak, measure_read_bandwidth
 from minibatch.sim import RooflineCostModel, get_model_spec
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "batching_bound.py"

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from minibatch.bench import RequestResult, compute_metrics, format_result, parse_goodput, run_benchmark
-from minibatch.bench_data import make_requests
+from minibatch.bench.datasets import make_requests
 from serving_utils import ServerProcess
 
 TABLE_LINES = ["============ Serving Benchmark Result ============", "Successful requests:",
@@ -78,7 +78,7 @@ def test_python_api_counts_every_request(server):
 def test_chat_endpoint_rate_and_concurrency(server):
     res = run_benchmark(base_url=server.url, endpoint="chat", num_prompts=8, random_input_len=16,
                         random_output_len=6, request_rate=50.0, burstiness=0.5, max_concurrency=3,
-                        goodput={"e2el": 60000})
+                        goodput={"e2e": 60.0})
     assert res["completed"] == 8 and res["failed"] == 0, res["errors"]
     assert res["output_lens"] == [6] * 8 and res["request_goodput"] > 0
 

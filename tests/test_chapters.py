@@ -6,23 +6,17 @@ chapters/``, part of the test command); these checks guard what nbval does not.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
 
+from minibatch.labs.builder import read_notebook
+
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = ROOT / "chapters"
 SOURCES = sorted((CHAPTERS / "src").glob("[0-9][0-9]_*.py"))
-
-
-def _builder():
-    spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "tools" / "build_notebooks.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.parametrize("src", SOURCES, ids=[s.stem for s in SOURCES])
@@ -30,9 +24,10 @@ def test_notebook_matches_its_source_and_has_outputs(src):
     nb_path = CHAPTERS / (src.stem + ".ipynb")
     assert nb_path.exists(), f"{nb_path.name} not built: run tools/build_notebooks.py {src.stem[:2]}"
     nb = json.loads(nb_path.read_text(encoding="utf-8"))
-    built = _builder().parse(src.read_text(encoding="utf-8"))
-    stored = [(c["cell_type"], "".join(c["source"])) for c in nb["cells"]]
-    assert stored == [(c.cell_type, c.source) for c in built], f"{nb_path.name} is out of date with {src.name}"
+    built = read_notebook(src).cells
+    stored = [(c["cell_type"], "".join(c["source"]), c.get("metadata", {}).get("tags", [])) for c in nb["cells"]]
+    assert stored == [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in built], \
+        f"{nb_path.name} is out of date with {src.name}: run python tools/build_notebooks.py {src.stem[:2]}"
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert code and all(c.get("execution_count") for c in code), "stored without (complete) execution"
     assert any(o.get("data", {}).get("image/png") for c in code for o in c.get("outputs", [])), "no figure"

@@ -221,7 +221,7 @@ def test_cli_list(capsys):
     ("# %% tags=[\"task:1\"]\n### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n", "no check cell"),
     ("# %% tags=[\"task:1\"]\n### BEGIN SOLUTION\n### END SOLUTION\n# %% tags=[\"check:2\"]\n", "no task 2"),
     ("# %% tags=task:1\nx = 1\n", "cannot read cell header"),
-    ("# %% [markdown]\nnot a comment\n", "must start with '#'"),
+    ("# %% tags=[1]\nx = 1\n", "cannot read"),
     ("# %% tags=[\"task:1\", \"task:2\"]\n### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n", "BEGIN SOLUTION task N"),
 ])
 def test_bad_sources_are_refused_with_a_reason(tmp_path, text, message):

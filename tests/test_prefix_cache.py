@@ -102,7 +102,7 @@ def test_hit_rate_in_summary_is_prompt_tokens_served_from_cache():
     result = run(Workload(specs), engine=engine)
     s = result.summary()
     assert s["prefix_cache_hit_rate"] == 48 / 128
-    assert [r.prefix_hit_tokens for r in result.requests] == [0, 48]
+    assert [r.num_cached_tokens for r in result.requests] == [0, 48]
     assert engine.kv.prefix_hits / engine.kv.prefix_queries == 48 / 128
     off = run(Workload(specs), executor="sim", model="llama-2-7b", block_size=16).summary()
     assert off["prefix_cache_hit_rate"] == 0.0

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from minibatch.results import RequestRecord, records_from_events, summarize
+from minibatch.results import records_from_events, summarize
 from minibatch.runner import RunController, run
 from minibatch.workload import RequestSpec, Workload, fixed, load_trace, synthetic, uniform
 

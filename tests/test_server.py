@@ -65,7 +65,7 @@ def post(server, path: str, body, headers=AUTH, **kw) -> httpx.Response:
 
 # -- AsyncEngine in process (no HTTP) ------------------------------------------------------------
 def test_async_engine_streams_aborts_and_survives_a_failed_step(llm):
-    from minibatch.async_engine import AsyncEngine
+    from minibatch.serving.async_engine import AsyncEngine
 
     engine = llm.engine
     step, calls = engine.step, []
@@ -214,9 +214,45 @@ def test_still_serves_after_bad_input(client, server):
     assert metric(metrics(server), "minibatch:request_rejected_total", reason="overload") == 0
 
 
+def test_metrics_page_has_vllms_names_and_parses(client, server):
+    """The page parses with prometheus_client's own parser and carries vLLM's metric names
+    (types and labels), counted from a request whose numbers we know."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    before = metrics(server)
+    out = client.completions.create(model="tiny", prompt=[5, 6, 7, 8], max_tokens=5, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 5
+    page = metrics(server)
+    families = {f.name: f for f in text_string_to_metric_families(page)}
+    expected = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
+                "vllm:kv_cache_usage_perc": "gauge", "vllm:num_preemptions": "counter",
+                "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter",
+                "vllm:request_success": "counter", "vllm:prefix_cache_queries": "counter",
+                "vllm:time_to_first_token_seconds": "histogram", "vllm:time_per_output_token_seconds": "histogram",
+                "vllm:e2e_request_latency_seconds": "histogram", "vllm:request_queue_time_seconds": "histogram",
+                "vllm:request_prompt_tokens": "histogram", "vllm:iteration_tokens_total": "histogram"}
+    for name, kind in expected.items():
+        assert families[name].type == kind, (name, families[name].type)
+    for fam in families.values():
+        for s in fam.samples:
+            assert s.labels.get("model_name") == "tiny", (s.name, s.labels)
+
+    def delta(name, **labels):
+        return metric(page, name, **labels) - metric(before, name, **labels)
+
+    assert delta("vllm:generation_tokens_total") == 5
+    assert delta("vllm:prompt_tokens_total") == 4
+    assert delta("vllm:request_success_total", finished_reason="length") == 1
+    assert delta("vllm:e2e_request_latency_seconds_count") == 1
+    assert delta("vllm:time_to_first_token_seconds_count") == 1
+    assert delta("vllm:time_per_output_token_seconds_count") == 4      # one per gap between 5 tokens
+    assert delta("vllm:request_generation_tokens_sum") == 5
+
+
 def test_disconnect_mid_stream_frees_blocks(server):
     body = {"prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True, "stream": True}
-    aborted = metric(metrics(server), "minibatch:request_success_total", finished_reason="abort")
+    aborted = metric(metrics(server), "vllm:request_success_total", finished_reason="abort")
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=60) as r:
         lines = r.iter_lines()
         got = [line for line, _ in zip(lines, range(8)) if line.startswith("data:")]
@@ -225,13 +261,13 @@ def test_disconnect_mid_stream_frees_blocks(server):
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         page = metrics(server)
-        if metric(page, "minibatch:kv_cache_used_blocks") == 0 and metric(page, "minibatch:num_requests_running") == 0:
+        if metric(page, "minibatch:kv_cache_used_blocks") == 0 and metric(page, "vllm:num_requests_running") == 0:
             break
         time.sleep(0.05)
     assert metric(page, "minibatch:kv_cache_used_blocks") == 0
-    assert metric(page, "minibatch:kv_cache_usage_perc") == 0.0
+    assert metric(page, "vllm:kv_cache_usage_perc") == 0.0
     assert metric(page, "minibatch:num_requests_in_flight") == 0
-    assert metric(page, "minibatch:request_success_total", finished_reason="abort") == aborted + 1
+    assert metric(page, "vllm:request_success_total", finished_reason="abort") == aborted + 1
 
 
 def test_overload_gets_429_while_admitted_requests_complete(server):
@@ -312,3 +348,4 @@ def test_sigterm_finishes_or_aborts_in_flight_requests_and_exits_0(server):
             assert reason == "length" or usage["completion_tokens"] < n
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.url}/health", timeout=2)
+

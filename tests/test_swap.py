@@ -13,7 +13,7 @@ from minibatch.request import Request
 from minibatch.runner import run
 from minibatch.sampling_params import SamplingParams
 from minibatch.swap import HOST_LINK_BYTES_PER_S, Swapper
-from minibatch.workload import RequestSpec, Workload, lognormal, synthetic
+from minibatch.workload import lognormal, synthetic
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from kv_checking import KVCheckingExecutor  # noqa: E402

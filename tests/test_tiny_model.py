@@ -161,7 +161,7 @@ def test_greedy_continuations_are_not_loops(greedy, tok, i):
 
 
 def test_corpus_bigram_ratio_justifies_threshold(tok):
-    from minibatch.tiny_corpus import _Gen
+    from minibatch.tiny.corpus import _Gen
 
     g = _Gen(123, "heldout")  # story prose, the kind of text the greedy prompts continue
     ratios = []
@@ -209,7 +209,7 @@ def test_sampled_text_decodes_cleanly(model, tok):
 
 
 def test_corpus_is_deterministic_and_split():
-    from minibatch import tiny_corpus as tc
+    from minibatch.tiny import corpus as tc
 
     a = tc.generate(50, seed=7)
     assert a == tc.generate(50, seed=7)
@@ -247,8 +247,8 @@ def test_corpus_cli(tmp_path):
 
 
 def test_train_tokenizer_small(tmp_path):
-    from minibatch.tiny_corpus import generate
-    from minibatch.train_tiny import train_tokenizer
+    from minibatch.tiny.corpus import generate
+    from minibatch.tiny.train import train_tokenizer
 
     tk = train_tokenizer(generate(300, seed=5), tmp_path, vocab_size=600)
     assert [tk.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")] == [0, 1, 2]
@@ -260,7 +260,7 @@ def test_train_tokenizer_small(tmp_path):
 def test_training_script_runs_and_loss_decreases(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from minibatch.train_tiny import main
+    from minibatch.tiny.train import main
 
     stats = main(["--out", str(tmp_path), "--tokenizer", str(TINY_MODEL_PATH), "--steps", "40",
                   "--corpus-size", "300", "--heldout-size", "20", "--batch-size", "4", "--seq-len", "64",

@@ -243,7 +243,7 @@ display(Markdown(
 # 每个序列至少要读一遍自己的 KV。（范数、激活这类逐元素运算不计入，所以它偏乐观，是“下限”。）
 
 # %% tags=["nbval-ignore-output"]
-from minibatch.profile import floor_hardware, measure_gemm_peak, measure_read_bandwidth
+from minibatch.sim.calibrate import floor_hardware, measure_gemm_peak, measure_read_bandwidth
 
 gemm_peak = measure_gemm_peak(tiny, rows=(512,))                  # the model's five projections
 read_bw = measure_read_bandwidth(256 * 2**20, repeats=3)

@@ -6,7 +6,7 @@
 # 每 Token 延迟（TPOT）、SLA 满足率为核心的指标体系，并掌握压测方法论。一个推理服务的数字是否可信，
 # 取决于三件事：**指标怎么定义**、**负载怎么施加**、**在哪一段时间里统计**。任何一处含糊，两份压测报告就无法比较。
 #
-# minibatch 的指标定义与 `vllm bench serve` 完全一致（`minibatch/results.py`、`minibatch/bench.py`），
+# minibatch 的指标定义与 `vllm bench serve` 完全一致（`minibatch/results.py`、`minibatch/bench/client.py`），
 # 所以本章学到的读数方法可以直接用在 vLLM、SGLang 等框架的压测报告上。
 #
 # ## 学习目标
@@ -326,7 +326,7 @@ widgets.interact(goodput_curve, ttft_ms=widgets.IntSlider(value=800, min=100, ma
 # （`/v1/completions`、`/v1/chat/completions`，SSE 流式输出），`minibatch.bench.run_benchmark` 是
 # `python -m minibatch bench serve` 的 Python 接口，参数与 `vllm bench serve` 同名：`request_rate`（开环速率，
 # `inf` 表示全部同时发出）、`burstiness`（Gamma 到达的形状参数，1 为泊松）、`max_concurrency`（闭环并发上限）、
-# `goodput`（以毫秒计的 SLO）。客户端从流式响应的每个数据块（Chunk）测时间：TTFT 是第一个 Token 块到达的时刻，
+# `goodput`（SLO：命令行与 `vllm bench serve` 一样写毫秒，`--goodput ttft:500 tpot:50`；Python 里写秒，`{"ttft": 0.5, "tpot": 0.05}`，换算只在 `minibatch.results.parse_goodput` 一处）。客户端从流式响应的每个数据块（Chunk）测时间：TTFT 是第一个 Token 块到达的时刻，
 # ITL 是相邻块的间隔。
 #
 # 下面的单元格：在本机找一个空闲端口，以子进程启动 tiny 模型的服务（只监听 127.0.0.1），等 `/health` 就绪；
@@ -363,7 +363,7 @@ server = subprocess.Popen([sys.executable, "-m", "minibatch", "serve", "--model"
                            "--port", str(port), "--max-num-seqs", "4", "--uvicorn-log-level", "warning"],
                           stdout=log, stderr=log)
 BENCH = dict(base_url=base, random_input_len=64, random_output_len=16, seed=0, percentiles=(50, 90, 99),
-             goodput={"ttft": 500, "tpot": 50})
+             goodput={"ttft": 0.5, "tpot": 0.05})
 REAL_RATES = [4.0, 16.0, float("inf")]   # inf: all requests at once (the peak)
 try:
     print(f"server healthy after {wait_healthy(base, server):.1f} s on port {port}")

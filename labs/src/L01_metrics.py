@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 import numpy as np
 
+import minibatch.results
 from minibatch.results import meets_slo, records_from_events, summarize
-from minibatch.request import RequestMetrics
 
 # %% [markdown]
 # ## 1. 事件日志（Event Log）
@@ -236,10 +236,11 @@ for rid, tl in tls.items():
     print(f"{rid}    {fmt(ttft(tl))}  {fmt(tpot(tl))}  {fmt(e2e(tl))}  {[round(g, 3) for g in itl(tl)]}")
 
 # %% [markdown]
-# 引擎里的定义就是这几行（`minibatch.request.RequestMetrics`），你的实现与它逐项相同：
+# 引擎里的定义就是这几行（`minibatch.results.tpot`：引擎的请求记录 `RequestRecord` 和压测客户端
+# `minibatch.bench` 共用这一个函数），你的实现与它逐项相同：
 
 # %%
-print(inspect.getsource(RequestMetrics.tpot.fget))
+print(inspect.getsource(minibatch.results.tpot))
 
 # %% [markdown]
 # ## 任务 3 · 百分位数（Percentile）

@@ -16,9 +16,9 @@ Backends:
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from minibatch.config import env
 
 from minibatch.kernels.reference import (
     paged_decode_attention_ref,
@@ -28,12 +28,12 @@ from minibatch.kernels.reference import (
 from minibatch.kernels.torch_paged import paged_decode_attention_torch, paged_prefill_attention_torch
 from minibatch.kernels import cpu_paged
 
-BACKENDS = ("torch", "triton", "cpu")
+from minibatch.config import ATTENTION_BACKENDS as BACKENDS  # noqa: E402
 
 
 def resolve_backend(backend: str | None, device: torch.device) -> str:
     if backend is None:
-        backend = os.environ.get("MINIBATCH_KERNELS")
+        backend = env("MINIBATCH_KERNELS")
     if backend is None:
         if device.type == "cuda":
             backend = "triton"

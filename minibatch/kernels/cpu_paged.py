@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from minibatch.config import env
+
 SOURCES = [Path(__file__).with_name(n) for n in ("cpu_paged.c", "cpu_prefill.c", "cpu_ops.c")]
 HEADERS = [Path(__file__).with_name("cpu_common.h")]       # part of the build's hash
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
@@ -46,7 +48,7 @@ def _cpu_signature() -> str:
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("MINIBATCH_CACHE") or os.path.join(
+    root = env("MINIBATCH_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "minibatch")
     return Path(root)
 
@@ -81,7 +83,7 @@ def load() -> ctypes.CDLL | None:
     if _tried:
         return _lib
     _tried = True
-    if os.environ.get("MINIBATCH_CPU_KERNEL", "1") == "0":
+    if env("MINIBATCH_CPU_KERNEL", "1") == "0":
         build_error = "disabled by MINIBATCH_CPU_KERNEL=0"
         return None
     try:

@@ -13,7 +13,6 @@ the key's own setup and check cells and compares the check cells' outputs with t
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +22,10 @@ SOURCE_RE = re.compile(r"^(L\d\d)_([A-Za-z0-9_]+)\.py$")
 
 def labs_dir() -> Path:
     """The repository's ``labs/`` folder (``MINIBATCH_LABS_DIR`` overrides it)."""
-    env = os.environ.get("MINIBATCH_LABS_DIR")
-    if env:
-        return Path(env).resolve()
+    from minibatch.config import env
+    override = env("MINIBATCH_LABS_DIR")
+    if override:
+        return Path(override).resolve()
     return Path(__file__).resolve().parents[2] / "labs"
 
 

@@ -1,10 +1,23 @@
-"""Turn a lab source into its two notebooks, and run notebooks in a fresh kernel.
+"""The one notebook builder of the course: chapters and labs, read by jupytext, run alike.
 
-``build_lab(lab)`` executes the reference notebook top to bottom; the executed copy is
-the answer key (``labs/keys/L01_metrics.key.ipynb``), and the learner notebook
-(``labs/L01_metrics.ipynb``) is the same notebook with each solution replaced by a
-``NotImplementedError`` stub, keeping the reference outputs. Both are rebuilt from the
-source, so they cannot drift apart.
+Every source (``chapters/src/NN_slug.py``, ``labs/src/LNN_slug.py``) is a plain Python file
+in jupytext's percent format::
+
+    # %% [markdown]
+    # # 标题 ...            (markdown lines, each starting with "# ")
+    # %%
+    x = 1                   (a code cell)
+    # %% tags=["nbval-ignore-output"]
+    dashboard               (a code cell with tags)
+
+:func:`read_notebook` turns it into cells; :func:`execute` runs a notebook top to bottom
+in a kernel that is this very interpreter, with the same environment settings for
+chapters and labs; :func:`build_chapter` stores an executed chapter, and
+:func:`build_lab` a lab's two notebooks: the executed reference is the answer key
+(``labs/keys/L01_metrics.key.ipynb``), and the learner notebook (``labs/L01_metrics.ipynb``)
+is the same notebook with each solution replaced by a ``NotImplementedError`` stub,
+keeping the reference outputs. The only lab-specific step is that stub
+(:mod:`minibatch.labs.source`).
 """
 
 from __future__ import annotations
@@ -24,6 +37,43 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from minibatch.labs.source import LabSource, parse
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+
+
+def read_notebook(path: str | Path) -> nbformat.NotebookNode:
+    """The unexecuted notebook of a percent-format source: its cells, each with its tags only."""
+    import jupytext
+
+    nb = jupytext.read(path, fmt="py:percent")
+    cells = []
+    for c in nb.cells:
+        cell = new_markdown_cell(c.source) if c.cell_type == "markdown" else new_code_cell(c.source)
+        if c.metadata.get("tags"):
+            cell.metadata["tags"] = list(c.metadata["tags"])
+        cells.append(cell)
+    out = new_notebook(cells=cells)
+    out.metadata["kernelspec"] = dict(KERNELSPEC)
+    out.metadata["language_info"] = {"name": "python"}
+    return out
+
+
+def build_chapter(src: str | Path, out_dir: str | Path | None = None, timeout: int = 600,
+                  execute_cells: bool = True, log=print) -> Path:
+    """Execute a chapter source top to bottom and store it, with its outputs, as
+    ``chapters/NN_slug.ipynb`` (``out_dir``: default, the source's parent's parent)."""
+    import time
+
+    src = Path(src)
+    out_dir = Path(out_dir) if out_dir is not None else src.resolve().parent.parent
+    nb = read_notebook(src)
+    if execute_cells:
+        t = time.perf_counter()
+        execute(nb, cwd=out_dir, timeout=timeout)
+        clean_outputs(nb)
+        log(f"{src.stem}.ipynb: executed in {time.perf_counter() - t:.1f} s")
+    out = out_dir / f"{src.stem}.ipynb"
+    nbformat.validate(nb)
+    nbformat.write(nb, str(out))
+    return out
 
 
 def make_notebook(src: LabSource, role: str) -> nbformat.NotebookNode:

@@ -1,5 +1,7 @@
-"""A lab's one source of truth: a percent-cell Python file with solution markers.
+"""A lab's one source of truth: a percent-format Python file with solution markers.
 
+The file is read by jupytext (its ``py:percent`` format, as the chapters' sources are);
+what is the labs' own is the meaning of the tags and the solution markers.
 Format (``labs/src/L01_metrics.py``)::
 
     # %% [markdown]
@@ -32,12 +34,10 @@ learner's code, so that a fresh learner notebook fails exactly at its check cell
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CELL_RE = re.compile(r"^# %%(?P<md>\s*\[markdown\])?(?P<rest>.*)$")
 BEGIN_RE = re.compile(r"^(?P<indent>\s*)### BEGIN SOLUTION(?:\s+task\s+(?P<task>\d+))?\s*$")
 END_RE = re.compile(r"^\s*### END SOLUTION\s*$")
 TASK_TITLE_RE = re.compile(r"任务\s*(\d+)\s*[·:：]\s*(.+)")
@@ -52,7 +52,7 @@ class SourceCell:
     kind: str                      # "markdown" | "code"
     lines: list[str]
     tags: list[str] = field(default_factory=list)
-    line_no: int = 0               # 1-based line of the "# %%" header
+    index: int = 0               # 1-based position of the cell in the source
     cell_id: str = ""
 
     @property
@@ -127,42 +127,25 @@ class LabSource:
 
 
 def parse(path: str | Path, lab_id: str | None = None) -> LabSource:
-    """Read a lab source file and validate its tags and markers."""
+    """Read a lab source file (jupytext's percent format) and validate its tags and markers."""
+    import jupytext
+
     path = Path(path)
     lab_id = lab_id or path.stem.split("_", 1)[0]
-    text = path.read_text(encoding="utf-8")
+    try:
+        nb = jupytext.read(path, fmt="py:percent")
+    except Exception as e:  # jupytext refuses some malformed headers with a plain error
+        raise LabSourceError(f"{path}: jupytext cannot read it: {type(e).__name__}: {e}") from None
     cells: list[SourceCell] = []
-    for no, raw in enumerate(text.splitlines(), start=1):
-        m = CELL_RE.match(raw)
-        if m:
-            rest = m.group("rest").strip()
-            tags: list[str] = []
-            if rest:
-                tm = re.fullmatch(r"tags\s*=\s*(\[.*\])", rest)
-                if not tm:
-                    raise LabSourceError(f"{path}:{no}: cannot read cell header {raw!r} "
-                                         "(expected '# %%', '# %% [markdown]' or '# %% tags=[...]')")
-                try:
-                    tags = json.loads(tm.group(1))
-                except json.JSONDecodeError as e:
-                    raise LabSourceError(f"{path}:{no}: tags must be a JSON list of strings: {e}") from None
-            cells.append(SourceCell("markdown" if m.group("md") else "code", [], tags, no))
-            continue
-        if not cells:
-            if raw.strip():
-                raise LabSourceError(f"{path}:{no}: text before the first '# %%' cell header")
-            continue
-        cell = cells[-1]
-        if cell.kind == "markdown":
-            if raw.strip() and not raw.startswith("#"):
-                raise LabSourceError(f"{path}:{no}: a markdown line must start with '#': {raw!r}")
-            raw = raw[2:] if raw.startswith("# ") else raw[1:]
-        cell.lines.append(raw)
-    for cell in cells:                     # trim blank lines around each cell
-        while cell.lines and not cell.lines[-1].strip():
-            cell.lines.pop()
-        while cell.lines and not cell.lines[0].strip():
-            cell.lines.pop(0)
+    for no, c in enumerate(nb.cells, start=1):
+        bad = c.metadata.get("incorrectly_encoded_metadata")
+        if bad is not None:
+            raise LabSourceError(f"{path}, cell {no}: cannot read cell header options {bad!r} "
+                                 "(expected '# %%', '# %% [markdown]' or '# %% tags=[...]')")
+        tags = c.metadata.get("tags", [])
+        if not (isinstance(tags, list) and all(isinstance(x, str) for x in tags)):
+            raise LabSourceError(f"{path}, cell {no}: tags must be a JSON list of strings, got {tags!r}")
+        cells.append(SourceCell(c.cell_type, c.source.split("\n") if c.source else [], list(tags), no))
     src = LabSource(lab_id, path, cells)
     _validate(src)
     _assign_ids(src)
@@ -176,7 +159,7 @@ def _validate(src: LabSource) -> None:
         raise LabSourceError(f"{where}: no task cells (tag a cell 'task:1')")
     checked: set[int] = set()
     for cell in src.cells:
-        at = f"{where}:{cell.line_no}"
+        at = f"{where}, cell {cell.index}"
         known = [t for t in cell.tags if t.split(":", 1)[0] in ("task", "check", "needs")]
         for t in known:
             if not re.fullmatch(r"(task|check|needs):\d+", t):
@@ -228,8 +211,8 @@ def _validate(src: LabSource) -> None:
     for cell in src.cells:
         for t in cell.tasks:
             if t in owners:
-                raise LabSourceError(f"{where}:{cell.line_no}: task {t} is already in the cell at line {owners[t]}")
-            owners[t] = cell.line_no
+                raise LabSourceError(f"{where}, cell {cell.index}: task {t} is already in cell {owners[t]}")
+            owners[t] = cell.index
 
 
 def _assign_ids(src: LabSource) -> None:

@@ -15,7 +15,6 @@ Layer math (per token ``x``): ``h = x + Attn(RMSNorm(x))``, ``y = h + MLP(RMSNor
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +23,7 @@ from torch import nn
 
 from minibatch import kernels
 from minibatch.kernels import cpu_paged
+from minibatch.config import env
 from minibatch.model.config import ModelConfig
 
 
@@ -308,7 +308,7 @@ def gemm_rows(m: int) -> int:
     return -(-m // step) * step
 
 
-_BUCKETS = os.environ.get("MINIBATCH_GEMM_BUCKETS", "1") != "0"
+_BUCKETS = env("MINIBATCH_GEMM_BUCKETS", "1") != "0"
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -327,7 +327,7 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 #: Measured here, the model's 17 projections of one decode step from the last-level
 #: cache: 0.49 -> 0.29 ms at one row, 0.53 -> 0.39 at two, no gain from four.
 #: ``MINIBATCH_SMALL_M_ROWS=0`` keeps oneDNN for every size.
-SMALL_M_ROWS = int(os.environ.get("MINIBATCH_SMALL_M_ROWS", "2"))
+SMALL_M_ROWS = int(env("MINIBATCH_SMALL_M_ROWS", "2"))
 
 
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:

@@ -19,7 +19,8 @@ TINY_NAMES = ("tiny", "tiny-random")
 
 
 def tiny_model_path() -> Path:
-    return Path(__file__).resolve().parent.parent / "assets" / "tiny"
+    from minibatch.assets import TINY_MODEL_PATH
+    return TINY_MODEL_PATH
 
 
 def resolve_model_path(model: str | Path) -> Path:

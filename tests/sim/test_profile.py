@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from minibatch.__main__ import main as cli
-from minibatch.profile import profile_engine, training_workloads
+from minibatch.sim.calibrate import profile_engine, training_workloads
 from minibatch.runner import run
 from minibatch.sim import FittedCostModel
 from minibatch.sim.fitted import step_tokens

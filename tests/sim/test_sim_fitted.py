@@ -280,7 +280,7 @@ def test_outlier_ratio_must_exceed_one():
 
 
 def test_profiler_fit_drops_outliers_by_default():
-    from minibatch.profile import fit_profile
+    from minibatch.sim.calibrate import fit_profile
     from minibatch.sim.fitted import PROFILE_OUTLIER_RATIO
 
     samples = _with_spells(synthetic_samples(n=300, seed=5))

@@ -42,17 +42,9 @@ class SimExecutor:
             self.num_kv_blocks = max(1, int(tokens) // config.block_size)
 
     def execute(self, batch: ScheduledBatch, kv) -> StepOutput:
-        prefill: list[tuple[int, int]] = []
-        decode: list[int] = []
-        sampled = []
-        for req, n in batch.items:
-            ctx = req.num_computed_tokens + n
-            if n == 1:
-                decode.append(ctx)
-            else:
-                prefill.append((n, ctx))
-            if ctx == req.num_tokens:
-                sampled.append((req, PLACEHOLDER_TOKEN))
+        prefill, decode = batch.shape()
+        sampled = [(req, PLACEHOLDER_TOKEN) for req, n in batch.items
+                   if req.num_computed_tokens + n == req.num_tokens]
         if isinstance(self.cost_model, FittedCostModel):
             t = self.cost_model.step_time(prefill, decode, recency=self._recency)
             self._recency = next_recency(self._recency, prefill, decode)

@@ -26,10 +26,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from minibatch.engine import LLMEngine
-from minibatch.request import Request, RequestMetrics, RequestStatus
+from minibatch.request import Request, RequestStatus
+from minibatch.results import RequestRecord
 from minibatch.sampling_params import SamplingParams
 
-logger = logging.getLogger("minibatch.async_engine")
+logger = logging.getLogger("minibatch.serving.async_engine")
 
 IDLE_POLL_S = 0.005          # sleep when requests wait but no batch could run (e.g. a batching window)
 MAX_STEP_RECORDS = 2048      # the engine's step timeline is trimmed to this many records
@@ -64,7 +65,7 @@ class RequestStream:
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.error: str | None = None
-        self.metrics: RequestMetrics | None = None
+        self.metrics: RequestRecord | None = None
         self._pending_text: list[str] = []
         self._pending_ids: list[int] = []
         self._delivered_end = False
@@ -231,6 +232,9 @@ class AsyncEngine:
                     self._fail_all(f"engine error: {type(e).__name__}: {e}")
                 if len(engine.steps) == num_steps:      # nothing could run this turn
                     idle_wait = self._idle_wait()
+                elif self.metrics is not None:
+                    s = engine.steps[-1]
+                    self.metrics.on_step(s.num_prefill_tokens + s.num_decode_tokens)
                 if len(engine.steps) > 2 * MAX_STEP_RECORDS:
                     del engine.steps[:-MAX_STEP_RECORDS]
             self._deliver(touched)
@@ -300,7 +304,7 @@ class AsyncEngine:
             track.sent_tokens += len(new_ids)
             end = None
             if done:
-                end = (req.status.value, req.stop_reason, req.error, RequestMetrics.of(req))
+                end = (req.status.value, req.stop_reason, req.error, RequestRecord.of(req, keep_tokens=False))
                 del self._tracks[req.request_id]
                 engine.requests.pop(req.request_id, None)
             if new_text or new_ids or end is not None:
@@ -324,7 +328,8 @@ class AsyncEngine:
         e = self.engine
         return {"running": len(e.scheduler.running), "waiting": len(e.scheduler.waiting),
                 "kv_used_blocks": e.kv.num_used_blocks, "kv_total_blocks": e.kv.num_blocks,
-                "kv_usage": e.kv.usage, "preemptions": e.scheduler.num_preemptions}
+                "kv_usage": e.kv.usage, "preemptions": e.scheduler.num_preemptions,
+                "prefix_queries": e.kv.prefix_queries, "prefix_hits": e.kv.prefix_hits}
 
 
 def _apply_updates(updates: list) -> None:

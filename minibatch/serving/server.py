@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import hmac
 import json
-import os
 import signal
 import sys
 import threading
@@ -33,13 +32,13 @@ import time
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from minibatch.__main__ import add_engine_args, engine_kwargs
-from minibatch.async_engine import AsyncEngine, RequestStream
-from minibatch.openai_protocol import APIError, GenerationRequest, chunk, parse_request, response, usage
-from minibatch.serving_metrics import ServingMetrics
+from minibatch.config import add_engine_args, engine_kwargs, env
+from minibatch.serving.async_engine import AsyncEngine, RequestStream
+from minibatch.serving.protocol import APIError, GenerationRequest, chunk, parse_request, response, usage
+from minibatch.serving.metrics import CONTENT_TYPE_LATEST, ServingMetrics
 
 DISCONNECT_POLL_S = 0.5    # how often a non-streaming request checks that its client is still there
 HARD_SHUTDOWN_MARGIN_S = 5.0   # after the graceful timeout and the aborts, uvicorn cuts what is left
@@ -101,7 +100,7 @@ def build_app(state: ServerState):
     @app.get("/metrics")
     async def metrics():
         text = state.metrics.render(engine.gauges, engine.num_in_flight)
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -244,7 +243,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="name(s) clients use for the model (default: --model)")
     p.add_argument("--max-concurrent-requests", type=int, default=None,
                    help="requests in flight before answering 429 (default: max(256, 4 x max_num_seqs))")
-    p.add_argument("--api-key", default=os.environ.get("MINIBATCH_API_KEY"),
+    p.add_argument("--api-key", default=env("MINIBATCH_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $MINIBATCH_API_KEY)")
     p.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGTERM")
@@ -259,18 +258,19 @@ def main(argv: list[str] | None = None) -> int:
     from minibatch.engine import LLMEngine
 
     try:
-        config = EngineConfig.from_kwargs(**{"model": args.model, **engine_kwargs(args)})
+        config = EngineConfig.from_kwargs(**engine_kwargs(args))
         llm_engine = LLMEngine(config)
     except (ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    names = args.served_model_name or [args.model]
+    names = args.served_model_name or [config.model]
     limit = args.max_concurrent_requests
     limit = max(256, 4 * config.max_num_seqs) if limit is None else limit
     if limit < 1:
         print("error: --max-concurrent-requests must be at least 1", file=sys.stderr)
         return 2
-    state = ServerState(AsyncEngine(llm_engine, ServingMetrics(names[0])), names, limit, args.api_key)
+    metrics = ServingMetrics(names[0], llm_engine.max_model_len)
+    state = ServerState(AsyncEngine(llm_engine, metrics), names, limit, args.api_key)
     server = _make_server(build_app(state), args.host, args.port, state,
                           args.graceful_shutdown_timeout, args.uvicorn_log_level)
     print(f"minibatch: serving {names[0]!r} on http://{args.host}:{args.port} "

@@ -1,9 +1,12 @@
 """``python -m minibatch simulate``: replay a trace or named workload in the simulator.
 
     python -m minibatch simulate --workload chat --model llama-2-13b --hardware 4xa10 \\
-        --max-num-seqs 16 --max-wait 20ms --slo ttft=0.8,tpot=0.05 --out result.json
-    python -m minibatch simulate --trace ../shared/traces/AzureLLMInferenceTrace_conv.csv \\
+        --max-num-seqs 16 --max-wait 20ms --goodput ttft:800 tpot:50 --out result.json
+    python -m minibatch simulate --trace datasets/traces/AzureLLMInferenceTrace_conv.csv \\
         --model llama-2-7b --hardware a100-80g
+
+SLOs are written as ``vllm bench serve --goodput`` writes them, in milliseconds
+(``ttft:800 tpot:50 e2el:5000``); in Python they are seconds (``minibatch.results.parse_goodput``).
 """
 
 from __future__ import annotations
@@ -12,21 +15,10 @@ import argparse
 import sys
 import time
 
-from minibatch.__main__ import add_engine_args, engine_kwargs
+from minibatch.config import add_engine_args, engine_kwargs
+from minibatch.results import parse_goodput
 
-
-def parse_slo(text: str | None) -> dict[str, float] | None:
-    """``"ttft=0.8,tpot=0.05"`` (seconds) -> ``{"ttft": 0.8, "tpot": 0.05}``."""
-    if not text:
-        return None
-    slo = {}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in ("ttft", "tpot", "e2e", "itl"):
-            raise ValueError(f"cannot read SLO term {part!r}; write e.g. ttft=0.8,tpot=0.05 (seconds)")
-        slo[key] = float(value)
-    return slo
+DEFAULTS = {"model": "llama-2-7b", "hardware": "a100-80g"}
 
 
 def format_summary(summary: dict) -> str:
@@ -54,12 +46,11 @@ def main(argv=None) -> int:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="a trace file (Azure CSV, Mooncake JSONL, BurstGPT CSV, minibatch JSONL)")
     src.add_argument("--workload", help="a named workload (chat, rag, code_bursty, long_tail, shared_prefix)")
-    add_engine_args(ap)
-    ap.set_defaults(model="llama-2-7b")
-    ap.add_argument("--hardware", default="a100-80g", help="e.g. a100-80g, 4xa10, h100, profile:FILE")
+    add_engine_args(ap, DEFAULTS)
     ap.add_argument("--num-requests", type=int, default=None, help="use only the first N requests")
     ap.add_argument("--request-rate", type=float, default=None, help="rescale arrivals to this mean rate")
-    ap.add_argument("--slo", default=None, help="e.g. ttft=0.8,tpot=0.05 (seconds)")
+    ap.add_argument("--goodput", nargs="+", default=None, metavar="METRIC:MS",
+                    help="SLOs for goodput, e.g. ttft:800 tpot:50 e2el:5000 (milliseconds, as vllm bench serve)")
     ap.add_argument("--out", default=None, help="write the summary and per-request records as JSON")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -68,27 +59,27 @@ def main(argv=None) -> int:
     from minibatch.workload import load_trace, load_workload
 
     try:
-        slo = parse_slo(args.slo)
+        slo = parse_goodput(args.goodput)
         wl = load_trace(args.trace) if args.trace else load_workload(args.workload)
         if args.num_requests:
             wl = wl.slice(0, args.num_requests)
         if args.request_rate:
             wl = wl.with_rate(args.request_rate)
-        kw = engine_kwargs(args)
+        kw = {**engine_kwargs(args, DEFAULTS), "executor": "sim"}
         t = time.perf_counter()
-        result = run(wl, executor="sim", hardware=args.hardware, progress=not args.no_progress, **kw)
+        result = run(wl, progress=not args.no_progress, **kw)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    summary = result.summary(slo)
-    print(f"\n{len(wl)} requests, {args.model} on {args.hardware}, policy {result.config['policy']}; "
+    summary = result.summary(slo or None)
+    print(f"\n{len(wl)} requests, {kw['model']} on {kw['hardware']}, policy {result.config['policy']}; "
           f"simulated in {time.perf_counter() - t:.1f} s")
     print(format_summary(summary))
     rejected = [r for r in result.requests if r.finish_reason == "rejected"]
     if rejected:
         print(f"{len(rejected)} requests rejected, e.g.: {rejected[0].error}")
     if args.out:
-        result.to_json(args.out, slo)
+        result.to_json(args.out, slo or None)
         print(f"written to {args.out}")
     return 0
 

@@ -36,6 +36,7 @@ import time
 
 import torch
 
+from minibatch.config import add_engine_args, engine_kwargs
 from minibatch.executor import StepOutput
 from minibatch.model.llama import _pack, packed_linear
 from minibatch.sim.hardware import GiB, HardwareSpec
@@ -57,10 +58,7 @@ class RecordingExecutor:
         return getattr(self.inner, name)
 
     def execute(self, batch, kv) -> StepOutput:
-        prefill, decode = [], []
-        for req, n in batch.items:
-            ctx = req.num_computed_tokens + n
-            (decode.append(ctx) if n == 1 else prefill.append((n, ctx)))
+        prefill, decode = batch.shape()
         out = self.inner.execute(batch, kv)
         self.samples.append({"prefill": prefill, "decode": decode, "time_s": out.duration,
                              "recency": self.recency})
@@ -170,7 +168,7 @@ def profile_engine(model: str = "tiny", scale: float = 1.0, repeats: int = 1, **
     tag = f"{os.getpid()}.{next(_PASSES)}"
     for _ in range(repeats):
         for _name, kw, wl in training_workloads(scale):
-            cfg = EngineConfig.from_kwargs(**{**{k: v for k, v in vars(base).items() if k != "extra"}, **kw})
+            cfg = base.replace(**kw)
             engine = LLMEngine(cfg, clock="virtual", executor=executor)
             executor.samples = []
             run(wl, engine=engine)
@@ -194,14 +192,18 @@ def fit_profile(samples, meta, outlier_ratio: float | None = PROFILE_OUTLIER_RAT
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="minibatch profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny")
+    add_engine_args(ap)
     ap.add_argument("--out", required=True, help="where to write the fitted model (JSON)")
     ap.add_argument("--scale", type=float, default=1.0, help="workload size multiplier")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--samples-out", default=None, help="also write the raw samples (JSON)")
     args = ap.parse_args(argv)
     t = time.perf_counter()
-    samples, meta = profile_engine(args.model, args.scale, args.repeats)
+    try:
+        samples, meta = profile_engine(scale=args.scale, repeats=args.repeats, **engine_kwargs(args))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     model = fit_profile(samples, meta)
     model.save(args.out)
     if args.samples_out:

@@ -14,7 +14,8 @@ Per request, measured on the client from the streamed chunks:
 
 Output tokens are the server's ``usage.completion_tokens`` (``stream_options.include_usage``),
 else the number of token chunks. Goodput counts requests that meet every SLO given
-with ``--goodput ttft:800 tpot:50 e2el:5000`` (milliseconds), per second.
+with ``--goodput ttft:800 tpot:50 e2el:5000`` (milliseconds; in Python, ``goodput=`` takes
+the same list, or a dict in seconds such as ``{"ttft": 0.8, "e2e": 5.0}``), per second.
 """
 
 from __future__ import annotations
@@ -31,9 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minibatch.bench_data import BenchRequest, make_requests
-
-SLO_METRICS = ("ttft", "tpot", "e2el")
+from minibatch.bench.datasets import BenchRequest, make_requests
+from minibatch.results import meets_slo, parse_goodput, percentiles as percentile_values, tpot
 KEEPALIVE_S = 2.0
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}   # vLLM's spelling
 
@@ -52,10 +52,20 @@ class RequestResult:
     generated_text: str = ""
 
     @property
+    def completed(self) -> bool:
+        return self.success
+
+    @property
+    def e2e(self) -> float | None:
+        return self.latency if self.success else None
+
+    @property
     def tpot(self) -> float | None:
-        if not self.success or self.output_tokens < 2:
+        """(E2EL - TTFT) / (output tokens - 1): last chunk minus first chunk, over the tokens
+        after the first (``minibatch.results.tpot``, the engine's definition too)."""
+        if not self.success:
             return None
-        return (self.latency - self.ttft) / (self.output_tokens - 1)
+        return tpot(self.ttft, self.latency, self.output_tokens)
 
 
 # -- one request -----------------------------------------------------------------------------
@@ -223,46 +233,32 @@ def run_benchmark(**kwargs) -> dict:
 
 
 # -- metrics ----------------------------------------------------------------------------------
-def parse_goodput(goodput) -> dict[str, float]:
-    """``["ttft:800", "tpot:50"]`` or ``{"ttft": 800}`` -> SLOs in milliseconds."""
-    if not goodput:
-        return {}
-    items = goodput.items() if isinstance(goodput, dict) else (g.split(":", 1) for g in goodput)
-    slos = {}
-    for name, value in items:
-        if name not in SLO_METRICS:
-            raise ValueError(f"unknown goodput metric {name!r}; use {', '.join(SLO_METRICS)} (ms)")
-        slos[name] = float(value)
-        if not slos[name] > 0:
-            raise ValueError(f"goodput {name} must be > 0 ms, got {value}")
-    return slos
-
-
-def _stats(name: str, values_s: list[float], percentiles) -> dict:
+def _stats(name: str, values_s: list[float], ps) -> dict:
     ms = np.asarray(values_s, dtype=np.float64) * 1000.0
     if ms.size == 0:
-        ms = np.zeros(1)
+        ms = np.zeros(1)          # vllm bench serve reports 0 for a metric with no values
     out = {f"mean_{name}_ms": float(ms.mean()), f"median_{name}_ms": float(np.median(ms)),
            f"std_{name}_ms": float(ms.std())}
-    for p in percentiles:
-        out[f"p{p:g}_{name}_ms"] = float(np.percentile(ms, p))
+    for p, v in percentile_values(ms, ps).items():
+        out[f"p{p:g}_{name}_ms"] = v
     return out
 
 
 def compute_metrics(results: list[RequestResult], duration: float, slos: dict,
                     percentiles=(99,)) -> dict:
+    """``vllm bench serve``'s result dict; ``slos`` in seconds (:func:`minibatch.results.parse_goodput`)."""
     ok = [r for r in results if r.success]
     total_in = sum(r.prompt_len for r in ok)
     total_out = sum(r.output_tokens for r in ok)
-    good = [r for r in ok if all(
-        {"ttft": r.ttft, "tpot": r.tpot or 0.0, "e2el": r.latency}[k] * 1000.0 <= v for k, v in slos.items())]
+    good = [r for r in ok if meets_slo(r, slos)]
     tpots = [r.tpot for r in ok if r.tpot is not None]
     out = {
         "duration": duration, "completed": len(ok), "failed": len(results) - len(ok),
         "total_input_tokens": total_in, "total_output_tokens": total_out,
         "request_throughput": len(ok) / duration, "output_throughput": total_out / duration,
         "total_token_throughput": (total_in + total_out) / duration,
-        "request_goodput": len(good) / duration if slos else None, "goodput_slos_ms": slos or None,
+        "request_goodput": len(good) / duration if slos else None,
+        "goodput_slos_ms": {k: v * 1000.0 for k, v in slos.items()} or None,
         "percentiles": list(percentiles),
         "input_lens": [r.prompt_len for r in results], "output_lens": [r.output_tokens for r in results],
         "ttfts": [r.ttft for r in results], "tpots": [r.tpot for r in results],
@@ -375,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.save_result, "w") as f:
             json.dump(res, f, indent=1, default=str)
     if args.plot:
-        from minibatch.bench_plot import plot_result
+        from minibatch.bench.plot import plot_result
         plot_result(res, args.plot)
         print(f"plot written to {args.plot}")
     return 0 if res["completed"] > 0 else 1

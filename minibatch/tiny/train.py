@@ -1,9 +1,9 @@
 """Train the embedded "tiny" default model on CPU.
 
-    python -m minibatch.train_tiny --out DIR [--steps N] [--corpus-size N]
+    python -m minibatch.tiny.train --out DIR [--steps N] [--corpus-size N]
                                    [--seed S] [--threads 2] [--tokenizer DIR]
 
-Steps: generate the procedural corpus (``minibatch.tiny_corpus``), train a
+Steps: generate the procedural corpus (``minibatch.tiny.corpus``), train a
 byte-level BPE tokenizer on it (or reuse one with ``--tokenizer``), train a
 small ``LlamaForCausalLM`` (AdamW, linear warmup + cosine decay, seq len 256),
 report held-out loss/perplexity and save a Hugging Face model directory
@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import pathlib
 import random
 import shutil
 import sys
 import time
 
-from minibatch import tiny_corpus
+from minibatch.tiny import corpus as tiny_corpus
 
 EOT, IM_START, IM_END = tiny_corpus.EOT, tiny_corpus.IM_START, tiny_corpus.IM_END
 SPECIAL_TOKENS = [EOT, IM_START, IM_END]  # ids 0, 1, 2
