@@ -70,3 +70,36 @@ def checkpoints(tmp_path_factory):
         path = tmp_path_factory.mktemp(arch)
         out[arch] = (path, make_checkpoint(path, arch, seed=i))
     return out
+
+
+class FixedStepTime:
+    """An executor wrapper: every step lasts ``seconds`` of virtual time. A real model's tokens
+    with a clock that does not depend on how fast, or how busy, the machine is, so that
+    time-dependent decisions (aging, windows) and their counts are the same on every run."""
+
+    def __init__(self, inner, seconds: float = 0.01):
+        self.inner = inner
+        self.seconds = seconds
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def execute(self, batch, kv):
+        import dataclasses
+
+        out = self.inner.execute(batch, kv)
+        return dataclasses.replace(out, duration=self.seconds, forward_time=self.seconds)
+
+
+def drive(engine, limit: int = 5000, before_step=None, after_step=None) -> int:
+    """Step ``engine`` until nothing is left; fail after ``limit`` calls of ``step()``, whether
+    or not they recorded a step (a guard on ``len(engine.steps)`` misses steps that ran nothing).
+    ``before_step(i)`` may add requests and returns whether more will come."""
+    for i in range(limit):
+        more = before_step(i) if before_step is not None else False
+        if not more and not engine.has_unfinished_requests():
+            return i
+        engine.step()
+        if after_step is not None:
+            after_step(engine)
+    raise AssertionError(f"the engine still had work after {limit} calls of step()")

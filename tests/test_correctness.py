@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from conftest import ARCHS, hf_greedy, make_checkpoint
+from conftest import ARCHS, drive, hf_greedy, make_checkpoint
 from minibatch import LLM, SamplingParams
 
 BLOCK = 16
@@ -60,10 +60,13 @@ def test_requests_arriving_mid_run_match(references):
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
     ids = [engine.add_request(prompts[0], params)]
     pending = list(prompts[1:])
-    while engine.has_unfinished_requests() or pending:
-        if pending and len(engine.steps) % 3 == 0:
+
+    def arrive(i):
+        if pending and i % 3 == 0:
             ids.append(engine.add_request(pending.pop(0), params))
-        engine.step()
+        return bool(pending)
+
+    drive(engine, limit=1000, before_step=arrive)
     assert [engine.output(i).outputs[0].token_ids for i in ids] == expected
     assert max(s.num_seqs for s in engine.steps) > 1
     assert any(s.num_prefill_tokens and s.num_decode_tokens for s in engine.steps), "no mixed step"

@@ -17,10 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import hf_greedy
+from conftest import FixedStepTime, drive, hf_greedy
 from kv_checking import KVCheckingExecutor
 from minibatch.config import ADMISSION_MODES, EngineConfig
 from minibatch.engine import LLMEngine
+from minibatch.executor import ModelExecutor
 from minibatch.policies import Policy, available, make_policy
 from minibatch.runner import RunController, run
 from minibatch.sampling_params import SamplingParams
@@ -55,18 +56,21 @@ def reference(checkpoints):
 def _generate(path, prompts, **config):
     """Drive the engine by hand: requests arrive over the first steps with mixed
     priorities and tenants, so preemptive policies really preempt running requests."""
-    engine = LLMEngine(EngineConfig.from_kwargs(model=str(path), **config), clock="virtual")
+    cfg = EngineConfig.from_kwargs(model=str(path), **config)
+    # A fixed step time: the real model's tokens, and decisions that never depend on the machine's speed.
+    engine = LLMEngine(cfg, clock="virtual", executor=FixedStepTime(ModelExecutor(cfg)))
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
     pending = list(enumerate(prompts))
     ids = {}
-    while pending or engine.has_unfinished_requests():
+
+    def arrive(_):
         if pending:
             i, prompt = pending.pop(0)
             ids[i] = engine.add_request(prompt, params, priority=(len(prompts) - i) % 3,
                                         tenant="ab"[i % 2])
-        engine.step()
-        engine.kv.check_invariants()
-        assert len(engine.steps) < 2000
+        return bool(pending)
+
+    drive(engine, limit=2000, before_step=arrive, after_step=lambda e: e.kv.check_invariants())
     outs = [engine.output(ids[i]) for i in range(len(prompts))]
     return engine, outs
 
@@ -163,10 +167,17 @@ def test_random_workloads_keep_invariants(reqs, policy, admission, mode, allocat
     by_id = {spec.request_id: spec for spec in specs}
     for rec in result.requests:
         spec = by_id[rec.request_id]
-        if rec.finish_reason == "rejected":
-            assert rec.error and ("KV blocks" in rec.error or "max_num_batched_tokens" in rec.error
-                                  or "max_model_len" in rec.error)
+        # Which requests must be refused, worked out from the spec (not from the error's text).
+        final = min(spec.prompt_len + spec.max_tokens, engine.max_model_len)
+        blocks = -(-(max_model_len if allocator == "contiguous" else final) // block_size)
+        reasons = [("KV blocks", blocks > num_blocks),
+                   ("max_num_batched_tokens", not chunked and spec.prompt_len > budget),
+                   ("max_model_len", spec.prompt_len >= engine.max_model_len)]
+        if any(due for _, due in reasons):
+            assert rec.finish_reason == "rejected", f"{rec.request_id} should have been refused"
+            assert any(due and words in rec.error for words, due in reasons), rec.error
             continue
+        assert rec.finish_reason != "rejected", f"{rec.request_id} refused: {rec.error}"
         assert rec.finish_reason == "length", f"{rec.request_id} ended {rec.finish_reason}"
         max_len = engine.max_model_len - spec.prompt_len               # generation stops at max_model_len
         assert rec.output_token_ids == expected_tokens(spec.prompt_token_ids, min(spec.max_tokens, max_len))

@@ -85,9 +85,17 @@ def test_static_pads_and_continuous_does_not():
     assert static.summary()["padding_waste"] > 0.3
     assert cont.summary()["padding_waste"] == 0.0
     assert static.summary()["throughput_tok_s"] < 0.7 * cont.summary()["throughput_tok_s"]
-    # No request joins a static batch in flight: batch sizes only shrink until it ends.
+    # No request joins a static batch in flight: a step with padded slots continues the batch of
+    # the step before it (same size at dispatch, no more members); members only leave.
     sizes = [s.num_seqs + s.num_padded_slots for s in static.steps]
     assert max(sizes) <= 16
+    continued = 0
+    for prev, cur in zip(static.steps, static.steps[1:]):
+        if cur.num_padded_slots:
+            continued += 1
+            assert cur.num_seqs + cur.num_padded_slots == prev.num_seqs + prev.num_padded_slots
+            assert cur.num_seqs <= prev.num_seqs
+    assert continued > 0
 
 
 def test_mlfq_demotes_long_jobs_and_short_ones_overtake():

@@ -17,6 +17,23 @@ def test_top_k_and_top_p_masks():
     assert torch.isfinite(apply_top_k_top_p(z.clone(), [-1], [0.1])).tolist() == [[True, False, False, False]]
 
 
+def test_top_p_boundary_is_exact():
+    """Keep the smallest set whose mass reaches p: a token whose strictly-more-likely mass
+    equals top_p exactly is dropped (the set before it already reaches p). Probabilities
+    0.5, 0.25, 0.25 are exact in float32, so the boundary is hit exactly."""
+    z = torch.tensor([[0.0, -0.6931471805599453, -0.6931471805599453]])
+    assert torch.softmax(z, -1).tolist() == [[0.5, 0.25, 0.25]]
+    kept = lambda p: torch.isfinite(apply_top_k_top_p(z.clone(), [-1], [p])).tolist()[0]
+    assert kept(0.5) == [True, False, False]
+    assert kept(0.75) == [True, True, False]
+    assert kept(0.7500001) == [True, True, True]
+    assert kept(1.0) == [True, True, True]
+    # top-k and top-p together: the tighter one wins, and the most likely token always stays.
+    assert torch.isfinite(apply_top_k_top_p(z.clone(), [2], [1.0])).tolist()[0] == [True, True, False]
+    assert torch.isfinite(apply_top_k_top_p(z.clone(), [1], [0.9])).tolist()[0] == [True, False, False]
+    assert torch.isfinite(apply_top_k_top_p(z.clone(), [-1], [1e-9])).tolist()[0] == [True, False, False]
+
+
 def test_inverse_cdf_draw_never_picks_a_masked_token():
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]] * 4)
     u = torch.tensor([[0.0], [0.4999], [0.5], [1.0 - 2 ** -53]], dtype=torch.float64)

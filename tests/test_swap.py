@@ -16,6 +16,7 @@ from minibatch.swap import HOST_LINK_BYTES_PER_S, Swapper
 from minibatch.workload import lognormal, synthetic
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from conftest import drive  # noqa: E402
 from kv_checking import KVCheckingExecutor  # noqa: E402
 
 
@@ -103,8 +104,7 @@ def test_abort_while_swapped_out_frees_the_host_copy():
     assert engine.requests[low].status.value == "swapped" and engine.scheduler.swapper.num_used == 3
     engine.abort_request(low)
     assert engine.scheduler.swapper.num_used == 0 and not engine.scheduler.swapper.saved
-    while engine.has_unfinished_requests():
-        engine.step()
+    drive(engine, limit=1000)
     engine.kv.check_invariants()
     assert engine.kv.num_free_blocks == 6
 
@@ -123,7 +123,6 @@ def test_swap_with_the_real_model_copies_tensors(checkpoints):
     for i, p in enumerate(prompts):
         ids.append(engine.add_request(p, params, priority=len(prompts) - i))   # later = more urgent
         engine.step()
-    while engine.has_unfinished_requests():
-        engine.step()
+    drive(engine, limit=1000)
     assert engine.scheduler.swapper.num_swapped_in > 0
     assert [engine.output(i).outputs[0].token_ids for i in ids] == expected

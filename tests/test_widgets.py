@@ -25,6 +25,20 @@ def _wait_for(cond, timeout=20.0):
         time.sleep(0.02)
 
 
+def _settled(read, quiet=0.3, timeout=20.0):
+    """``read()`` once it has stopped changing for ``quiet`` seconds (a paused run)."""
+    t0 = time.perf_counter()
+    value, since = read(), time.perf_counter()
+    while time.perf_counter() - since < quiet:
+        if time.perf_counter() - t0 > timeout:
+            raise TimeoutError("the value kept changing")
+        time.sleep(0.02)
+        now = read()
+        if now != value:
+            value, since = now, time.perf_counter()
+    return value
+
+
 def _other_policy(current: str) -> str | None:
     """A second policy that serves every request without batching windows, if registered."""
     names = [p for p in available() if p != current]
@@ -65,13 +79,18 @@ def test_live_changes_during_a_simulated_run():
     d.start()
     assert d.controls["workload"].disabled and d.controls["executor"].disabled    # setup locked
     _wait_for(lambda: d.live.data.now > 10.0)
+    # Pause first, so the changes land at a virtual time that does not depend on how quickly
+    # this thread gets the CPU back (at 45x, 0.4 s of wall-clock jitter would be 18 virtual s).
+    d.pause()
+    paused_at = _settled(lambda: d.live.data.now)
     other = _other_policy("continuous")
     if other is not None:
         d.controls["policy"].value = other                    # through the widget, as a user would
     else:
         d.set("policy", "continuous")                         # only one policy: re-set it
     d.controls["max_num_seqs"].value = 64
-    _wait_for(lambda: d.live.data.now > 25.0)
+    d.resume()
+    _wait_for(lambda: d.live.data.now > paused_at + 10.0)
     d.controls["speed"].value = 0.0                           # then as fast as possible
     result = d.wait(60)
     assert d.errors == []
@@ -81,7 +100,8 @@ def test_live_changes_during_a_simulated_run():
     assert changes["policy"][1] == (other or "continuous")
     assert changes["max_num_seqs"][1] == 64
     first_step = result.steps[0].start_time
-    assert all(10.0 <= t < 30.0 and t > first_step for t, _ in changes.values())
+    # Applied when the run resumed: at the time it paused (at most a step or an idle jump later).
+    assert all(paused_at <= t <= paused_at + 2.0 and t > first_step for t, _ in changes.values())
     assert result.config["max_num_seqs"] == 64 and result.config["policy"] == (other or "continuous")
     if other is not None:                                     # steps after the change ran the new policy
         assert {s.policy for s in result.steps if s.start_time > changes["policy"][0]} == {other}

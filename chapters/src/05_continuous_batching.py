@@ -105,6 +105,7 @@ budget_run = run(synthetic(40, 20.0, input_len=lognormal(median=512, sigma=0.5, 
                  **SIM, max_num_batched_tokens=512)
 display(batch_composition(budget_run, figsize=(9, 3.6)))
 tokens_per_step = [st.num_prefill_tokens + st.num_decode_tokens for st in budget_run.steps]
+assert max(tokens_per_step) <= 512, "the prose above says no step exceeds the budget"
 print(f"{len(budget_run.steps)} steps; max tokens in a step: {max(tokens_per_step)} (budget 512); "
       f"steps that mix prefill and decode: {sum(1 for st in budget_run.steps if st.num_prefill_tokens and st.num_decode_tokens)}")
 

@@ -1,0 +1,255 @@
+"""One small, hand-made case per rule of ``minibatch.engine``: the step, stop conditions,
+events, validation, abort and reject. The executor is scripted (it emits the tokens a
+test asks for, in a fixed time per step), so every expected value is worked out by hand."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from minibatch.config import EngineConfig
+from minibatch.engine import LLMEngine
+from minibatch.executor import StepOutput
+from minibatch.request import RequestStatus
+from minibatch.sampling_params import SamplingParams
+
+EOS = 2
+STEP_S = 0.5
+
+
+class Scripted:
+    """Emits ``script[request_id][i]`` as a request's i-th output token (default token 5)."""
+
+    def __init__(self, num_kv_blocks=64, max_len=64, vocab_size=128, script=None):
+        self.num_kv_blocks = num_kv_blocks
+        self.model_config = SimpleNamespace(eos_token_ids=(EOS,), vocab_size=vocab_size,
+                                            max_position_embeddings=max_len, sliding_window=None)
+        self.script = script or {}
+        self.batches = []
+
+    def execute(self, batch, kv):
+        self.batches.append([(r.request_id, n) for r, n in batch.items])
+        sampled = []
+        for r, n in batch.items:
+            if r.num_computed_tokens + n == r.num_tokens:
+                seq = self.script.get(r.request_id, [])
+                i = r.num_output_tokens
+                sampled.append((r, seq[i] if i < len(seq) else 5))
+        return StepOutput(sampled, STEP_S, STEP_S)
+
+
+class Chars:
+    """A tokenizer whose token ``i`` is the character ``chr(ord('a') + i - 10)`` (ids 10..35)."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + i - 10) for i in ids if 10 <= i < 36)
+
+
+def ids(text: str) -> list[int]:
+    return [ord(ch) - ord("a") + 10 for ch in text]
+
+
+def engine(script=None, tokenizer=False, events=None, **cfg) -> LLMEngine:
+    ex = Scripted(num_kv_blocks=cfg.pop("num_kv_blocks", 64), max_len=cfg.pop("model_max_len", 64),
+                  script=script)
+    e = LLMEngine(EngineConfig.from_kwargs(block_size=4, **cfg), clock="virtual", executor=ex)
+    if tokenizer:
+        e.tokenizer = Chars()
+    if events is not None:
+        e.subscribe(lambda ev, t, r, info: events.append((ev, t, r.request_id)))
+    return e
+
+
+def greedy(max_tokens=8, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)
+
+
+def drain(e: LLMEngine, limit: int = 100) -> int:
+    """Step until nothing is left, at most ``limit`` calls (a bound that always holds)."""
+    for n in range(limit):
+        if not e.has_unfinished_requests():
+            return n
+        e.step()
+    raise AssertionError(f"engine still busy after {limit} steps")
+
+
+# -- the step ------------------------------------------------------------------------------------------
+def test_a_step_computes_its_tokens_and_returns_the_requests_that_got_one():
+    e = engine(max_num_batched_tokens=6)
+    a = e.add_request([10, 11, 12, 13], greedy(), request_id="a")
+    b = e.add_request([20, 21, 22, 23], greedy(), request_id="b")
+    touched = e.step()                                   # a: 4 tokens, b: a chunk of 2
+    ra, rb = e.requests[a], e.requests[b]
+    assert [r.request_id for r in touched] == ["a"]
+    assert (ra.num_computed_tokens, rb.num_computed_tokens) == (4, 2)
+    assert ra.output_token_ids == [5] and rb.output_token_ids == []
+    assert ra.token_times == [STEP_S] and ra.first_token_time == STEP_S and e.clock.now() == STEP_S
+    touched = e.step()                                   # a decodes; b finishes its prompt
+    assert sorted(r.request_id for r in touched) == ["a", "b"]
+
+
+def test_the_step_record_counts_the_step():
+    e = engine(max_num_batched_tokens=6)
+    e.add_request([10, 11, 12, 13], greedy(), request_id="a")
+    e.add_request([20, 21, 22, 23, 24, 25, 26], greedy(), request_id="b")
+    e.step()                                             # a 4 (prefill), b 2
+    e.step()                                             # a 1 (decode), b 5 (rest of its prompt)
+    s0, s1 = e.steps
+    assert (s0.num_seqs, s0.num_prefill_tokens, s0.num_decode_tokens, s0.num_prefill_seqs) == (2, 6, 0, 2)
+    assert (s1.num_seqs, s1.num_prefill_tokens, s1.num_decode_tokens, s1.num_decode_seqs) == (2, 5, 1, 1)
+    assert (s0.start_time, s0.duration, s1.start_time) == (0.0, STEP_S, STEP_S)
+    assert s1.kv_blocks_used == 2 + 2 and s1.kv_blocks_total == 64       # a: 5 tokens, b: 8 tokens
+    assert (s1.num_waiting, s1.num_running, s1.num_preempted) == (0, 2, 0)
+    assert s1.kv_internal_waste == pytest.approx((3 + 1) / (64 * 4))      # a computed 5 of 8 slots, b 7 of 8
+    assert s1.policy == "continuous"
+
+
+def test_a_step_with_nothing_to_run_records_nothing():
+    e = engine()
+    assert e.step() == [] and e.steps == []
+    e = engine(policy="dynamic", max_wait_ms=1000, max_num_seqs=4)
+    e.add_request([10, 11], greedy())                    # the window holds it back
+    assert e.step() == [] and e.steps == [] and e.num_waiting == 1
+
+
+# -- stop conditions --------------------------------------------------------------------------------------
+def test_eos_stops_unless_ignored():
+    e = engine(script={"a": [5, EOS, 9], "b": [5, EOS, 9]})
+    e.add_request([10, 11], greedy(), request_id="a")
+    e.add_request([10, 11], greedy(max_tokens=3, ignore_eos=True), request_id="b")
+    drain(e)
+    a, b = e.requests["a"], e.requests["b"]
+    assert a.output_token_ids == [5, EOS] and a.status is RequestStatus.FINISHED_STOPPED
+    assert a.stop_reason is None
+    assert b.output_token_ids == [5, EOS, 9] and b.status is RequestStatus.FINISHED_LENGTH
+
+
+def test_a_stop_token_id_stops_and_is_the_stop_reason():
+    e = engine(script={"a": [5, 6, 7, 8]})
+    e.add_request([10, 11], greedy(stop_token_ids=[7]), request_id="a")
+    drain(e)
+    a = e.requests["a"]
+    assert a.output_token_ids == [5, 6, 7] and a.status is RequestStatus.FINISHED_STOPPED
+    assert a.stop_reason == 7
+
+
+def test_the_earliest_of_several_stop_strings_wins_and_is_cut_from_the_text():
+    e = engine(script={"a": ids("abxcdyef")}, tokenizer=True)
+    e.add_request([10, 11], greedy(max_tokens=8, stop=["y", "x"]), request_id="a")
+    drain(e)
+    a = e.requests["a"]
+    assert a.output_text == "ab" and a.stop_reason == "x"       # "x" comes first in the text
+    assert a.output_token_ids == ids("abx") and a.status is RequestStatus.FINISHED_STOPPED
+
+
+def test_when_two_stop_strings_complete_at_once_the_earlier_position_wins():
+    e = engine(script={"a": ids("qrstu")}, tokenizer=True)
+    e.add_request([10, 11], greedy(stop=["s", "rs"]), request_id="a")
+    drain(e)
+    a = e.requests["a"]
+    # Token "s" completes both: "rs" starts at 1, "s" at 2. The text ends before the earlier one.
+    assert a.output_text == "q" and a.stop_reason == "rs"
+    assert a.output_token_ids == ids("qrs")
+
+
+def test_a_stop_string_spanning_several_tokens():
+    e = engine(script={"a": ids("qrstu")}, tokenizer=True)
+    e.add_request([10, 11], greedy(stop=["rst"]), request_id="a")
+    drain(e)
+    a = e.requests["a"]
+    assert a.output_text == "q" and a.stop_reason == "rst" and a.output_token_ids == ids("qrst")
+
+
+def test_max_tokens_and_max_model_len_end_with_length():
+    e = engine(max_model_len=8)
+    e.add_request([10, 11, 12, 13], greedy(max_tokens=3), request_id="a")
+    e.add_request([10, 11, 12, 13, 14, 15], greedy(max_tokens=10), request_id="b")
+    drain(e)
+    a, b = e.requests["a"], e.requests["b"]
+    assert a.num_output_tokens == 3 and a.status is RequestStatus.FINISHED_LENGTH
+    assert b.num_output_tokens == 2 and b.status is RequestStatus.FINISHED_LENGTH    # 6 + 2 = max_model_len
+
+
+def test_a_finished_request_frees_its_blocks():
+    e = engine(num_kv_blocks=8)
+    e.add_request(list(range(10, 19)), greedy(max_tokens=4), request_id="a")
+    e.step()
+    assert e.kv.num_used_blocks == 3
+    drain(e)
+    assert e.kv.num_free_blocks == 8 and e.requests["a"].finish_time == 4 * STEP_S
+    e.kv.check_invariants()
+
+
+# -- events -------------------------------------------------------------------------------------------------
+def test_events_of_a_request_in_order_with_schedule_only_once():
+    events = []
+    e = engine(events=events, num_kv_blocks=3, max_num_batched_tokens=8)
+    e.add_request([10, 11, 12, 13], greedy(max_tokens=6), request_id="a", arrival_time=0.0)
+    e.add_request([20, 21, 22, 23], greedy(max_tokens=6), request_id="b", arrival_time=0.0)
+    drain(e)
+    b = [ev for ev, _, rid in events if rid == "b"]
+    assert b[:3] == ["arrival", "schedule", "first_token"] and b[-1] == "finish"
+    assert b.count("schedule") == 1 and b.count("token") == 6
+    assert "preempt" in b                                 # 3 blocks for 2 x 10 tokens: b is preempted
+    assert e.requests["b"].num_preemptions == b.count("preempt")
+    times = [t for ev, t, rid in events if rid == "b" and ev == "token"]
+    assert times == sorted(times) and times == e.requests["b"].token_times
+
+
+def test_abort_frees_the_blocks_once_and_emits_abort():
+    events = []
+    e = engine(events=events)
+    rid = e.add_request([10, 11, 12, 13, 14], greedy(), request_id="a")
+    e.step()
+    assert e.kv.num_used_blocks == 2
+    assert e.abort_request(rid) is True
+    assert e.kv.num_used_blocks == 0 and e.requests[rid].status is RequestStatus.FINISHED_ABORTED
+    assert e.abort_request(rid) is False and e.abort_request("nope") is False
+    assert [ev for ev, _, r in events if r == rid][-1] == "abort"
+    assert not e.has_unfinished_requests()
+
+
+def test_reject_records_the_request_with_its_error_and_loses_nothing():
+    events = []
+    e = engine(events=events)
+    r = e.reject([10, 11], greedy(), "too long", request_id="x", arrival_time=3.0)
+    assert r.status is RequestStatus.REJECTED and r.error == "too long" and r.finish_time == 3.0
+    assert e.finished[-1] is r
+    assert [(ev, t) for ev, t, rid in events] == [("arrival", 3.0), ("reject", 3.0)]
+
+
+# -- validation ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("prompt, params, cfg, words", [
+    ([], greedy(), {}, "empty prompt"),
+    ([10, 200], greedy(), {}, "outside the vocabulary"),
+    ([10, -1], greedy(), {}, "outside the vocabulary"),
+    (list(range(10, 74)), greedy(), {}, "too long"),                      # 64 tokens >= max_model_len 64
+    (list(range(10, 30)), greedy(), {"enable_chunked_prefill": False, "max_num_batched_tokens": 16},
+     "max_num_batched_tokens"),
+    (list(range(10, 30)), greedy(max_tokens=20), {"num_kv_blocks": 9}, "KV blocks"),   # 40 tokens: 10 blocks
+    ([10, 11.0], greedy(), {}, "list of integers"),
+    ("text", greedy(), {}, "no tokenizer"),
+])
+def test_bad_requests_raise_and_queue_nothing(prompt, params, cfg, words):
+    events = []
+    e = engine(events=events, **cfg)
+    with pytest.raises(ValueError, match=words):
+        e.add_request(prompt, params)
+    assert e.requests == {} and events == [] and not e.has_unfinished_requests()
+
+
+def test_a_request_that_just_fits_is_accepted():
+    e = engine(num_kv_blocks=10)
+    e.add_request(list(range(10, 30)), greedy(max_tokens=20))            # 40 tokens = 10 blocks exactly
+    e = engine()
+    e.add_request(list(range(10, 73)), greedy(max_tokens=1))             # 63 < max_model_len 64
+    assert e.num_waiting == 1
+
+
+def test_duplicate_request_ids_are_refused():
+    e = engine()
+    e.add_request([10], greedy(), request_id="a")
+    with pytest.raises(ValueError, match="duplicate"):
+        e.add_request([11], greedy(), request_id="a")
+    assert e.num_waiting == 1

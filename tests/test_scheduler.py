@@ -1,0 +1,329 @@
+"""One small, hand-made case per rule of ``minibatch.scheduler`` (and of admission control).
+
+Each case builds a scheduler over a tiny KV pool, puts requests in exact states and
+checks one ``schedule()`` call against values worked out by hand in the test. No model
+runs: a step's tokens are applied by :func:`apply`, as the engine would apply them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from minibatch.admission import Conservative, GuaranteedNoEvict
+from minibatch.config import EngineConfig
+from minibatch.kv_cache import KVCacheManager
+from minibatch.policies import Policy
+from minibatch.request import Request, RequestStatus
+from minibatch.sampling_params import SamplingParams
+from minibatch.scheduler import Scheduler, is_decode
+
+BS = 4            # tokens per block in every case here
+
+
+def make(num_blocks=32, policy="continuous", max_model_len=64, **cfg) -> Scheduler:
+    config = EngineConfig.from_kwargs(num_kv_blocks=num_blocks, block_size=BS, policy=policy,
+                                      max_model_len=max_model_len, **cfg)
+    kv = KVCacheManager(num_blocks, BS, config.enable_prefix_caching, allocator=config.kv_allocator,
+                        max_model_len=max_model_len)
+    return Scheduler(config, kv, max_model_len=max_model_len)
+
+
+def req(rid, n, max_tokens=8, priority=0, arrival=0.0, tokens=None) -> Request:
+    tokens = tokens if tokens is not None else [100 + 10 * len(rid) + i for i in range(n)]
+    return Request(rid, tokens, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+                   arrival, priority=priority)
+
+
+def apply(sched: Scheduler, batch) -> None:
+    """What the engine does after a step: count the computed tokens, cache full blocks,
+    and give every request whose tokens are all computed one new token."""
+    for r, n in batch.items:
+        r.num_computed_tokens += n
+        sched.kv.cache_full_blocks(r)
+        if r.num_computed_tokens == r.num_tokens:
+            r.output_token_ids.append(7)
+
+
+def step(sched: Scheduler, now: float = 0.0):
+    batch = sched.schedule(now)
+    apply(sched, batch)
+    return batch
+
+
+def items(batch) -> list[tuple[str, int]]:
+    return [(r.request_id, n) for r, n in batch.items]
+
+
+def running(sched, *reqs) -> None:
+    """Add requests and run their prefill in one step, so that they are running and decoding."""
+    for r in reqs:
+        sched.add(r)
+    batch = step(sched)
+    assert [r.request_id for r, _ in batch.items] == [r.request_id for r in reqs]
+    assert all(r.status is RequestStatus.RUNNING and r.num_output_tokens == 1 for r in reqs)
+
+
+class Fixed(Policy):
+    """A policy whose order is given by request ids (to test the scheduler, not a policy)."""
+
+    name = "fixed-order"
+
+    def __init__(self, ids, preemptive=False):
+        self.ids, self.preemptive = ids, preemptive
+
+    def schedule_order(self, state):
+        by_id = {r.request_id: r for r in state.running + state.waiting}
+        return [by_id[i] for i in self.ids if i in by_id]
+
+
+# -- budgets ------------------------------------------------------------------------------------
+def test_token_budget_caps_the_new_tokens_of_a_step():
+    s = make(max_num_batched_tokens=16)
+    for rid in "abc":
+        s.add(req(rid, 10))
+    batch = step(s)
+    # a takes 10, b the remaining 6 (a chunk), c nothing: 16 tokens, never 30.
+    assert items(batch) == [("a", 10), ("b", 6)]
+    assert batch.num_tokens == 16
+    c = s.waiting[-1]
+    assert c.request_id == "c" and c.status is RequestStatus.WAITING and c.num_computed_tokens == 0
+
+
+def test_max_num_seqs_caps_the_requests_of_a_step():
+    s = make(max_num_seqs=2)
+    for rid in "abc":
+        s.add(req(rid, 4))
+    assert items(step(s)) == [("a", 4), ("b", 4)]
+    assert [r.request_id for r in s.waiting] == ["c"]
+
+
+def test_chunked_prefill_continues_the_prompt_next_step_then_decodes():
+    s = make(max_num_batched_tokens=16)
+    r = req("r", 40)
+    s.add(r)
+    shapes = []
+    for _ in range(4):
+        batch = step(s)
+        shapes.append((items(batch), batch.token_counts(), r.num_output_tokens))
+    assert shapes == [([("r", 16)], (0, 16), 0), ([("r", 16)], (0, 16), 0),
+                      ([("r", 8)], (0, 8), 1),            # the last chunk samples the first token
+                      ([("r", 1)], (1, 0), 2)]            # then one token a step: a decode
+
+
+def test_a_decode_is_one_new_token_whatever_the_phase():
+    assert is_decode(1) and not is_decode(2) and not is_decode(0)
+    s = make(max_num_batched_tokens=9)
+    r = req("r", 10)
+    s.add(r)
+    assert step(s).token_counts() == (0, 9)
+    # The prompt's last token alone is computed as a decode row: one definition for all.
+    assert step(s).token_counts() == (1, 0) and r.num_output_tokens == 1
+
+
+def test_without_chunking_a_prompt_waits_for_room_and_later_waiting_ones_wait_too():
+    s = make(max_num_batched_tokens=16, enable_chunked_prefill=False)
+    running(s, req("a", 4))
+    s.add(req("b", 16))
+    s.add(req("c", 2))
+    batch = step(s)
+    # a decodes (1 token); b needs 16 > 15 left: it waits, and so does c behind it.
+    assert items(batch) == [("a", 1)]
+    assert [r.request_id for r in s.waiting] == ["b", "c"]
+    assert all(r.status is RequestStatus.WAITING for r in s.waiting)
+
+
+def test_without_chunking_a_recomputed_request_longer_than_the_budget_runs_whole_at_the_head():
+    s = make(max_num_batched_tokens=16, enable_chunked_prefill=False)
+    r = req("r", 14)
+    r.output_token_ids = [7, 7, 7, 7]            # preempted (recompute) after 4 tokens: 18 to compute
+    s.add(r)
+    assert items(step(s)) == [("r", 18)]
+    assert r.num_output_tokens == 5
+
+
+# -- preemption -----------------------------------------------------------------------------------
+def _four_running(policy="continuous", **cfg):
+    """a (4-token prompt) must grow into a second block; b, c, d (2-token prompts) need no new
+    block; the pool's 4 blocks are all held."""
+    s = make(num_blocks=4, policy=policy, **cfg)
+    reqs = [req("a", 4), req("b", 2), req("c", 2), req("d", 2)]
+    running(s, *reqs)
+    assert s.kv.num_free_blocks == 0
+    return s, reqs
+
+
+def test_a_short_pool_preempts_the_last_running_request_in_the_order():
+    s, (a, b, c, d) = _four_running()
+    batch = step(s)
+    assert batch.preempted == [d]                        # the end of the order, not b or c
+    assert items(batch) == [("a", 1), ("b", 1), ("c", 1)]
+    assert len(s.kv.block_table("a")) == 2
+
+
+def test_recompute_preemption_frees_the_blocks_and_requeues_at_the_front():
+    s, (a, b, c, d) = _four_running()
+    s.add(req("late", 2))
+    step(s)
+    assert d.status is RequestStatus.WAITING and d.num_computed_tokens == 0 and d.num_preemptions == 1
+    assert s.kv.block_table("d") == [] and d.num_output_tokens == 1      # its token stays; its KV goes
+    assert [r.request_id for r in s.waiting] == ["d", "late"]           # ahead of later arrivals
+    assert s.num_preemptions == 1
+
+
+def test_running_requests_left_out_of_the_order_are_evicted_first():
+    s, (a, b, c, d) = _four_running()
+    s.policy = Fixed(["a", "b", "d"])                    # c paused by the policy
+    batch = step(s)
+    assert batch.preempted == [c]
+    assert items(batch) == [("a", 1), ("b", 1), ("d", 1)]
+
+
+def test_a_running_request_that_cannot_grow_and_has_no_victim_preempts_itself():
+    s = make(num_blocks=1)
+    a = req("a", 4)
+    running(s, a)
+    batch = step(s)                                      # position 4 needs a second block
+    assert batch.items == [] and batch.preempted == [a]
+    assert a.status is RequestStatus.WAITING and s.kv.num_free_blocks == 1
+
+
+def test_a_waiting_request_never_evicts_under_a_non_preemptive_policy():
+    s = make(num_blocks=4)
+    running(s, req("a", 8), req("b", 3))                 # 2 + 1 blocks held, 1 free
+    s.add(req("w", 8))                                   # needs 2 blocks
+    batch = step(s)
+    assert batch.preempted == []
+    assert items(batch) == [("a", 1), ("b", 1)]          # a's position 8 takes the free block
+    assert s.waiting[0].request_id == "w"
+
+
+def test_a_preemptive_policy_evicts_the_lowest_ranked_running_request_for_a_waiting_one():
+    s = make(num_blocks=4, policy="priority")
+    a, b = req("a", 8, priority=1), req("b", 8, priority=2)
+    running(s, a, b)                                     # 4 blocks held
+    u = req("u", 3, priority=0)
+    s.add(u)
+    batch = step(s)
+    assert batch.preempted == [b]                        # rank u < a < b: b goes
+    assert items(batch) == [("u", 3), ("a", 1)]
+    assert u.status is RequestStatus.RUNNING
+
+
+@pytest.mark.parametrize("admission, admitted", [("max_utilization", [("a", 1), ("small", 3)]),
+                                                  ("guaranteed_no_evict", [("a", 1)]),
+                                                  ("conservative", [("a", 1)])])
+def test_under_an_evicting_policy_a_refused_waiting_request_does_not_hold_back_later_ones(admission, admitted):
+    """priority + max_utilization may evict, so one refusal does not end admission: a request
+    that cannot fit even by evicting everything below it waits, and smaller ones behind it
+    start. Admission modes that never evict keep the order: nobody after a refusal starts."""
+    s = make(num_blocks=4, policy="priority", admission=admission)
+    running(s, req("a", 3, priority=0))                  # 1 block, 3 free
+    s.add(req("big", 16, priority=1))                    # 4 blocks: cannot fit
+    s.add(req("small", 3, priority=2))                   # 1 block
+    batch = step(s)
+    assert batch.preempted == []
+    assert items(batch) == admitted
+
+
+def test_a_refused_waiting_request_stops_later_waiting_ones_but_not_running_ones():
+    s = make(num_blocks=3)
+    running(s, req("r", 4))                              # 1 block; 2 free
+    s.add(req("big", 12))                                # needs 3 blocks: refused
+    s.add(req("small", 2))                               # would fit, but comes after big
+    s.policy = Fixed(["big", "small", "r"])
+    batch = step(s)
+    assert items(batch) == [("r", 1)]
+    assert [r.request_id for r in s.waiting] == ["big", "small"]
+
+
+# -- prefix cache at admission ----------------------------------------------------------------------
+def _cached_prefix(s, prefix):
+    """Run and finish a request whose 8-token prompt leaves two full cached blocks."""
+    x = req("x", 8, max_tokens=1, tokens=list(prefix))
+    s.add(x)
+    step(s)
+    s.remove(x)
+    assert s.kv.num_free_blocks == s.kv.num_blocks and len(s.kv.pool.cached) == 2
+
+
+def test_a_prefix_hit_is_counted_once_per_request_even_after_a_preemption():
+    s = make(num_blocks=8, enable_prefix_caching=True)
+    prefix = list(range(50, 58))
+    _cached_prefix(s, prefix)
+    queries0, hits0 = s.kv.prefix_queries, s.kv.prefix_hits
+    y = req("y", 9, tokens=prefix + [99])
+    s.add(y)
+    assert items(step(s)) == [("y", 1)]                  # 8 of 9 prompt tokens served by the cache
+    assert y.num_cached_tokens == 8
+    s._preempt(y, 0.0)
+    assert items(step(s)) == [("y", 2)]                  # the hit again, plus y's first output token
+    assert (s.kv.prefix_queries - queries0, s.kv.prefix_hits - hits0) == (9, 8)
+    assert y.num_cached_tokens == 8
+
+
+def test_a_refused_request_forgets_its_prefix_hit():
+    s = make(num_blocks=4, enable_prefix_caching=True, admission="guaranteed_no_evict")
+    prefix = list(range(50, 58))
+    _cached_prefix(s, prefix)
+    y = req("y", 9, max_tokens=12, tokens=prefix + [99])  # final 21 tokens: 6 blocks > 4
+    s.add(y)
+    assert step(s).items == []
+    assert y.status is RequestStatus.WAITING and y.num_computed_tokens == 0
+
+
+# -- admission control, counted in blocks --------------------------------------------------------------
+def _state_for_admission(admission_cls):
+    """6 blocks. Two free cached blocks hold the prefix of y; r runs and holds one block
+    with 2 more reserved for its future (final length 12 = 3 blocks)."""
+    s = make(num_blocks=6, enable_prefix_caching=True)
+    prefix = list(range(50, 58))
+    _cached_prefix(s, prefix)
+    running(s, req("r", 4, max_tokens=8))
+    y = req("y", 12, max_tokens=4, tokens=prefix + [90, 91, 92, 93])    # final 16 tokens = 4 blocks
+    hit, _ = s.kv.get_computed_blocks(y)
+    assert len(hit) == 2 and s.kv.num_free_hits(hit) == 2 and s.kv.num_free_blocks == 5
+    return s, y, hit
+
+
+def test_guaranteed_no_evict_counts_the_free_cached_blocks_a_hit_takes():
+    s, y, hit = _state_for_admission(GuaranteedNoEvict)
+    # need = 4 blocks - 2 shared + 2 that the hit takes out of the free queue = 4;
+    # reserved future of r = 3 - 1 = 2; 4 + 2 = 6 > 5 free: refuse.
+    assert GuaranteedNoEvict().can_admit(s, y, hit) is False
+    s.remove(s.running[0])                               # r gone: 4 <= 6 free
+    assert GuaranteedNoEvict().can_admit(s, y, hit) is True
+
+
+def test_conservative_counts_the_free_cached_blocks_a_hit_takes():
+    s, y, hit = _state_for_admission(Conservative)
+    adm = Conservative()
+    adm.new_token_ratio = 1.0                            # estimate = the whole max_tokens
+    # y: blocks(12 + 4) - 2 + 2 = 4; r: blocks(5 + 7) - 1 held = 2; 6 > 5: refuse.
+    assert adm.estimate(s, y) == 4 and adm.estimate(s, s.running[0]) == 7
+    assert adm.can_admit(s, y, hit) is False
+    adm.new_token_ratio = 0.25                           # y: ceil(1) -> blocks(13) = 4 - 2 + 2 = 4;
+    assert adm.estimate(s, y) == 1                       # r: ceil(1.75) = 2 -> blocks(7) - 1 = 1
+    assert adm.can_admit(s, y, hit) is True              # 4 + 1 = 5 <= 5
+
+
+def test_guaranteed_no_evict_never_preempts_with_prefix_hits_in_a_run():
+    """The case behind the unit test above, end to end: with the free-hit term missing, y is
+    admitted and the pool runs short two steps later."""
+    s, y, _ = _state_for_admission(GuaranteedNoEvict)
+    s.admission = GuaranteedNoEvict()
+    s.config.admission = "guaranteed_no_evict"
+    s.add(y)
+    for i in range(40):
+        batch = step(s)
+        assert batch.preempted == [], f"step {i} preempted {batch.preempted}"
+        for r in [r for r in s.running if r.num_output_tokens >= r.sampling_params.max_tokens]:
+            s.remove(r)
+        if not s.has_unfinished():
+            break
+    assert not s.has_unfinished()
+
+
+@pytest.mark.parametrize("mode", ["max_utilization", "guaranteed_no_evict", "conservative"])
+def test_admission_modes_other_than_max_utilization_never_evict(mode):
+    s = make(admission=mode)
+    assert s.admission.evicts == (mode == "max_utilization")
