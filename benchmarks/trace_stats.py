@@ -1,9 +1,9 @@
 """Load the real Azure LLM inference traces and print their statistics.
 
 Checks ``minibatch.workload.load_trace`` and ``Workload.stats`` against the table in
-shared/traces/SOURCES.md (Azure code: CV 13.15, IoD 13.18; conv: CV 1.09, IoD
-1.39; ...) and reports how long loading takes. The trace folder defaults to
-``../shared/traces`` relative to the repository root.
+datasets/traces/SOURCES.md (Azure code: CV 13.15, IoD 13.18; conv: CV 1.09, IoD
+1.39; ...) and reports how long loading takes. The trace folder defaults to the
+repository's ``datasets/traces``.
 
     python benchmarks/trace_stats.py [TRACE_DIR]
 """
@@ -29,7 +29,7 @@ KEYS = ("n", "duration", "rate", "cv", "iod_1s", "input_p50", "output_p50")
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("trace_dir", nargs="?", type=Path, default=REPO.parent / "shared" / "traces")
+    ap.add_argument("trace_dir", nargs="?", type=Path, default=REPO / "datasets" / "traces")
     args = ap.parse_args()
     rows, ok = {}, True
     for kind in ("code", "conv"):

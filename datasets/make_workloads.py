@@ -7,7 +7,7 @@ inspection and for other tools (single source of truth). Prompt token ids are
 not written (``shared_prefix`` keeps ``prefix_id``/``prefix_len``; call
 ``Workload.materialize(32000, seed=wl.meta["token_seed"])`` to get them back).
 
-Shapes and their sources (published statistics from /work/shared/traces/SOURCES.md):
+Shapes and their sources (published statistics from datasets/traces/SOURCES.md):
 
 - ``chat``: Azure LLM inference trace 2023, conv (Splitwise, ISCA'24; CC-BY-4.0):
   19,366 requests over 3,501.7 s, 5.53 req/s, inter-arrival CV 1.09, IoD(1 s) 1.39;
@@ -37,7 +37,7 @@ Usage (from the repository root)::
 
     python datasets/make_workloads.py            # write the files, print their stats
     python datasets/make_workloads.py --fit      # re-derive the fitted constants
-                                                 # from ../shared/traces (not copied)
+                                                 # from datasets/traces
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ sys.path.insert(0, str(REPO))
 from minibatch.workload import format_stats_table, load_trace, presets  # noqa: E402
 
 OUT = REPO / "datasets" / "workloads"
-DEFAULT_TRACES = REPO.parent / "shared" / "traces"
+DEFAULT_TRACES = REPO / "datasets" / "traces"
 
 # Published statistics (SOURCES.md §2-3) that chat and code_bursty are fitted to.
 PUBLISHED = {

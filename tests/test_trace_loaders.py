@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from minibatch.workload import (TRACE_FORMATS, RequestSpec, TraceFormatError, Workload,
-                                load_trace, sniff_format, synthetic)
+from minibatch.workload import (SHIPPED_TRACES, TRACE_FORMATS, RequestSpec, TraceFormatError, Workload,
+                                load_shipped_trace, load_trace, shipped_trace_path, sniff_format, synthetic)
 
-SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+SHIPPED = Path(__file__).resolve().parents[1] / "datasets" / "traces"
 
 AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
 2023-11-16 18:17:04.0319600,3180,8
@@ -260,12 +260,21 @@ def test_own_jsonl_roundtrip_property(tmp_path, specs, name):
     assert back == w and back.meta == w.meta
 
 
-# --- the real Azure traces (../shared/traces beside the checkout) ----------------------
+# --- the real traces, shipped in datasets/traces -------------------------------------------------
 
-@pytest.mark.skipif(not (SHARED_TRACES / "AzureLLMInferenceTrace_conv.csv").exists(),
-                    reason=f"real traces not found at {SHARED_TRACES}")
+def test_shipped_traces_are_the_published_files():
+    import hashlib
+
+    sources = (SHIPPED / "SOURCES.md").read_text(encoding="utf-8")
+    for name in SHIPPED_TRACES.values():
+        digest = hashlib.sha256((SHIPPED / name).read_bytes()).hexdigest()
+        assert f"{digest}  {name}" in sources, f"{name} differs from the file SOURCES.md describes"
+    with pytest.raises(ValueError, match="unknown shipped trace"):
+        shipped_trace_path("azure")
+
+
 def test_real_azure_conv_trace_matches_published_stats():
-    w = load_trace(SHARED_TRACES / "AzureLLMInferenceTrace_conv.csv")
+    w = load_shipped_trace("azure_conv")
     s = w.stats()
     assert s["n"] == 19366
     assert s["cv"] == pytest.approx(1.09, abs=0.005)

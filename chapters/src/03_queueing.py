@@ -19,7 +19,6 @@
 # %%
 import inspect
 import math
-from pathlib import Path
 
 import ipywidgets as W
 import matplotlib.pyplot as plt
@@ -30,7 +29,7 @@ import minibatch
 from minibatch.runner import run
 from minibatch.viz import md_table
 from minibatch.sim import make_cost_model
-from minibatch.workload import arrival_stats, fixed, gamma_arrivals, load_trace, lognormal, synthetic
+from minibatch.workload import arrival_stats, fixed, gamma_arrivals, load_shipped_trace, lognormal, synthetic
 
 SIM = dict(executor="sim", model="llama-2-7b", hardware="a100-80g")   # the simulated server of this chapter
 
@@ -102,39 +101,31 @@ plt.show()
 # ## 3.2 真实流量有多突发：Azure LLM 推理 trace
 #
 # 微软在 Splitwise 论文（Patel et al., ISCA'24）中公开了 Azure 上两类 LLM 服务各约一小时的请求 trace：代码补全（code）与对话
-# （conversation）。`/work/shared/traces/SOURCES.md` 记录了它们的来源与统计：code trace 的到达间隔 CV 为 13.15，conv trace 为 1.09。
-# 下面用 minibatch 的 `load_trace` 读入（文件不在时跳过这一实验），逐项重新计算，并画出每分钟的请求数：
+# （conversation）。它们随课程一起放在 `datasets/traces/`，`datasets/traces/SOURCES.md` 记录了来源、许可证与统计：
+# code trace 的到达间隔 CV 为 13.15，conv trace 为 1.09。下面用 `load_shipped_trace` 读入（它读 `load_trace` 同样的格式），
+# 逐项重新计算，并画出每分钟的请求数：
 
 # %%
-TRACE_DIR = Path.cwd().parents[1] / "shared" / "traces"
-traces = {}
-for name in ("code", "conv"):
-    path = TRACE_DIR / f"AzureLLMInferenceTrace_{name}.csv"
-    if path.exists():
-        traces[f"Azure {name}"] = load_trace(path)
-if traces:
-    rows = []
-    for name, wl in traces.items():
-        s = wl.stats()
-        rows.append([name, f"{s['n']:,}", f"{s['duration']:,.0f}", f"{s['rate']:.2f}", f"{s['cv']:.2f}",
-                     f"{s['iod_1s']:.2f}", f"{s['peak_1s']}", f"{1 / s['cv'] ** 2:.3g}"])
-    md_table(["trace", "requests", "duration (s)", "rate (req/s)", "CV", "IoD (1 s)", "peak in 1 s",
-              "gamma k with same CV"], rows)
-else:
-    print(f"traces not found under {TRACE_DIR}: skipping the real-trace experiment")
+traces = {f"Azure {name}": load_shipped_trace(f"azure_{name}") for name in ("code", "conv")}
+rows = []
+for name, wl in traces.items():
+    s = wl.stats()
+    rows.append([name, f"{s['n']:,}", f"{s['duration']:,.0f}", f"{s['rate']:.2f}", f"{s['cv']:.2f}",
+                 f"{s['iod_1s']:.2f}", f"{s['peak_1s']}", f"{1 / s['cv'] ** 2:.3g}"])
+md_table(["trace", "requests", "duration (s)", "rate (req/s)", "CV", "IoD (1 s)", "peak in 1 s",
+          "gamma k with same CV"], rows)
 
 # %%
-if traces:
-    fig, ax = plt.subplots(figsize=(10, 3.2))
-    for name, wl in traces.items():
-        t = wl.arrival_times
-        per_min = np.bincount(np.floor(t / 60).astype(int))
-        ax.step(np.arange(per_min.size), per_min, where="post", label=name)
-    ax.set(xlabel="minute since first request", ylabel="requests per minute",
-           title="Azure LLM inference traces 2023 (Splitwise): arrivals per minute")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    plt.show()
+fig, ax = plt.subplots(figsize=(10, 3.2))
+for name, wl in traces.items():
+    t = wl.arrival_times
+    per_min = np.bincount(np.floor(t / 60).astype(int))
+    ax.step(np.arange(per_min.size), per_min, where="post", label=name)
+ax.set(xlabel="minute since first request", ylabel="requests per minute",
+       title="Azure LLM inference traces 2023 (Splitwise): arrivals per minute")
+ax.grid(alpha=0.3)
+ax.legend()
+plt.show()
 
 # %%
 if traces:

@@ -19,7 +19,6 @@
 # %%
 import inspect
 import math
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -29,7 +28,7 @@ import minibatch
 from minibatch.kv_cache import BlockPool, KVCacheManager
 from minibatch.runner import run
 from minibatch.sim import ModelDoesNotFitError, get_hardware, get_model_spec, make_cost_model
-from minibatch.workload import load_trace, load_workload
+from minibatch.workload import load_shipped_trace, load_workload
 
 GiB = 1 << 30
 print("minibatch", minibatch.__version__)
@@ -153,32 +152,28 @@ for model, hw in [("llama-2-70b", "2xa100-80g"), ("llama-2-70b", "4xa100-80g"), 
 # 长度按这个请求“可能的最大长度”（通常就是 `max_model_len`）来定：因为生成开始时没人知道它会输出多少 Token，
 # 而注意力算子要求一条序列的 KV 在地址上连续。结果是：大多数请求远没有用满自己的预留。
 #
-# 用真实数据看一看。Azure LLM 推理公开数据集的对话（conv）轨迹（Splitwise, ISCA'24；见 `shared/traces/SOURCES.md`）
+# 用真实数据看一看。Azure LLM 推理公开数据集的对话（conv）轨迹（Splitwise, ISCA'24；随课程放在 `datasets/traces/`，来源与许可证见其中的 `SOURCES.md`）
 # 记录了每个请求的输入与输出 Token 数。假设每个请求都按 `max_model_len = 4096` 预留，实际用上的比例是多少？
 
 # %%
-TRACES = Path.cwd().parents[1] / "shared" / "traces"
-conv_path = TRACES / "AzureLLMInferenceTrace_conv.csv"
-if conv_path.exists():
-    conv = load_trace(conv_path)
-    total = conv.prompt_lens + conv.output_lens
-    fits = total[total <= MAX_LEN]
-    used = fits / MAX_LEN
-    print(f"{len(total):,} requests; {len(fits):,} fit in {MAX_LEN} tokens "
-          f"(mean length {fits.mean():.0f}, p50 {np.median(fits):.0f}, p99 {np.percentile(fits, 99):.0f})")
-    print(f"share of a {MAX_LEN}-token reservation actually used: mean {used.mean():.1%}, "
-          f"median {np.median(used):.1%}")
-    fig, ax = plt.subplots(figsize=(7, 2.8))
-    ax.hist(fits, bins=80, color="C0", alpha=0.8)
-    ax.axvline(MAX_LEN, color="r", ls="--", label=f"reserved per request (max_model_len={MAX_LEN})")
-    ax.axvline(fits.mean(), color="k", ls=":", label=f"mean actual length ({fits.mean():.0f})")
-    ax.set_xlabel("prompt + output tokens per request")
-    ax.set_ylabel("requests")
-    ax.set_title("Azure conv 2023 trace: actual KV length vs a contiguous reservation", fontsize=10)
-    ax.legend(fontsize=8)
-    plt.show()
-else:
-    print(f"trace not found at {conv_path}: skipping this experiment")
+conv = load_shipped_trace("azure_conv")
+total = conv.prompt_lens + conv.output_lens
+fits = total[total <= MAX_LEN]
+used = fits / MAX_LEN
+print(f"{len(total):,} requests; {len(fits):,} fit in {MAX_LEN} tokens "
+      f"(mean length {fits.mean():.0f}, p50 {np.median(fits):.0f}, p99 {np.percentile(fits, 99):.0f})")
+print(f"share of a {MAX_LEN}-token reservation actually used: mean {used.mean():.1%}, "
+      f"median {np.median(used):.1%}")
+fig, ax = plt.subplots(figsize=(7, 2.8))
+ax.hist(fits, bins=80, color="C0", alpha=0.8)
+ax.axvline(MAX_LEN, color="r", ls="--", label=f"reserved per request (max_model_len={MAX_LEN})")
+ax.axvline(fits.mean(), color="k", ls=":", label=f"mean actual length ({fits.mean():.0f})")
+ax.set_xlabel("prompt + output tokens per request")
+ax.set_ylabel("requests")
+ax.set_title("Azure conv 2023 trace: actual KV length vs a contiguous reservation", fontsize=10)
+ax.legend(fontsize=8)
+plt.show()
+
 
 # %% [markdown]
 # 预留而没有用到的部分，其他请求也用不了——这是连续预分配最大的一块浪费。vLLM 论文测量了当时的系统，

@@ -7,7 +7,8 @@ group). Make one from
 - arrival processes and length distributions: ``synthetic``, ``shared_prefix``,
   ``from_arrivals`` (modules ``arrivals``, ``lengths``, ``synthetic``);
 - real traces: ``load_trace`` (Azure CSV, Mooncake JSONL, BurstGPT CSV, our JSONL;
-  module ``traces``);
+  module ``traces``); the ones the course uses ship in ``datasets/traces/``:
+  ``load_shipped_trace("azure_conv")``;
 - the project's named workloads: ``load_workload("chat")`` (module ``named``),
 
 then reshape it (``slice``, ``time_window``, ``scale_time``, ``with_rate``,
@@ -21,7 +22,8 @@ from .named import load_workload, presets
 from .spec import RequestSpec, Workload
 from .stats import arrival_stats, format_stats_table, length_stats, workload_stats
 from .synthetic import from_arrivals, shared_prefix, synthetic
-from .traces import TRACE_FORMATS, TraceFormatError, load_trace, sniff_format
+from .traces import (SHIPPED_TRACES, TRACE_FORMATS, TraceFormatError, load_shipped_trace, load_trace,
+                     shipped_trace_path, sniff_format)
 
 __all__ = [
     "RequestSpec", "Workload",
@@ -30,6 +32,7 @@ __all__ = [
     "LengthDist", "Fixed", "Uniform", "LogNormal", "Empirical",
     "fixed", "uniform", "lognormal", "empirical", "as_length_dist",
     "load_trace", "sniff_format", "TraceFormatError", "TRACE_FORMATS",
+    "SHIPPED_TRACES", "load_shipped_trace", "shipped_trace_path",
     "load_workload", "presets",
     "arrival_stats", "length_stats", "workload_stats", "format_stats_table",
 ]

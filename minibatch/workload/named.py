@@ -4,7 +4,7 @@
 ``presets`` with fixed seeds, and ``datasets/make_workloads.py`` writes the same
 workloads to ``datasets/workloads/*.jsonl`` for inspection and other tools (one
 source of truth). Shapes are fitted to the published statistics of real traces
-(see ``/work/shared/traces/SOURCES.md`` and ``datasets/README.md``):
+(see ``datasets/traces/SOURCES.md`` and ``datasets/README.md``):
 
 - lengths are ``lognormal`` with the trace's **median and mean** matched exactly
   (median = the typical request, mean = the total token load) and clipped to

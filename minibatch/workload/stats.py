@@ -1,6 +1,6 @@
 """Summary statistics of a workload: how requests arrive and how long they are.
 
-The definitions follow /work/shared/traces/SOURCES.md so that our numbers and the
+The definitions follow datasets/traces/SOURCES.md so that our numbers and the
 published ones can be compared directly:
 
 - ``duration``: last arrival minus first arrival (seconds);

@@ -354,3 +354,38 @@ def load_trace(path, format: str | None = None, *, name: str | None = None,
     if format == "mooncake" and materialize:
         wl = wl.materialize(vocab_size, seed=seed, reserved_ids=reserved_ids)
     return wl
+
+
+# -- the traces shipped with the course (datasets/traces/, with their licences) ------------------
+SHIPPED_TRACES = {
+    "azure_code": "AzureLLMInferenceTrace_code.csv",
+    "azure_conv": "AzureLLMInferenceTrace_conv.csv",
+    "mooncake": "mooncake_synthetic_trace.jsonl",
+    "sharegpt_8k_stats": "sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
+}
+
+
+def traces_dir() -> Path:
+    """The checkout's ``datasets/traces`` (origin, licences and statistics in its ``SOURCES.md``)."""
+    return Path(__file__).resolve().parents[2] / "datasets" / "traces"
+
+
+def shipped_trace_path(name: str) -> Path:
+    """The path of a shipped trace by short name (:data:`SHIPPED_TRACES`); fails loudly, never
+    silently: a chapter that needs a trace must not skip its experiment."""
+    if name not in SHIPPED_TRACES:
+        raise ValueError(f"unknown shipped trace {name!r}; shipped: {sorted(SHIPPED_TRACES)}")
+    path = traces_dir() / SHIPPED_TRACES[name]
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the course's traces ship in datasets/traces/ of the "
+                                "repository (a git checkout); see datasets/traces/SOURCES.md")
+    return path
+
+
+def load_shipped_trace(name: str, **kwargs) -> Workload:
+    """``load_trace`` of a shipped trace: ``"azure_code"``, ``"azure_conv"``, ``"mooncake"``."""
+    if name == "sharegpt_8k_stats":
+        raise ValueError("sharegpt_8k_stats has lengths only (no arrival times); read it with "
+                         "minibatch.workload.empirical.from_csv(shipped_trace_path(...), column)")
+    return load_trace(shipped_trace_path(name), **kwargs)
+
