@@ -230,3 +230,34 @@ def test_bad_sources_are_refused_with_a_reason(tmp_path, text, message):
     path.write_text(textwrap.dedent(text), encoding="utf-8")
     with pytest.raises(LabSourceError, match=message.replace("(", r"\(")):
         parse(path)
+
+
+
+def test_a_missed_wake_up_costs_a_poll_slice_not_the_cell_timeout():
+    """A channel that only notices a waiting message when its poll times out (what a missed
+    wake-up of the ZMQ socket looks like) answers within a slice, not after the full timeout;
+    a message that never comes still times out."""
+    import asyncio
+    import time
+    from queue import Empty
+
+    from minibatch.labs.builder import sliced_get_msg
+
+    def channel(arrives_after: float):
+        arrives = time.monotonic() + arrives_after
+
+        async def get_msg(timeout=None):
+            await asyncio.sleep(timeout)        # sleeps through the arrival, like a missed wake-up
+            if time.monotonic() >= arrives:
+                return {"msg": "reply"}
+            raise Empty
+        return get_msg
+
+    async def timed(get_msg, timeout):
+        t0 = time.monotonic()
+        return await sliced_get_msg(get_msg, slice_s=0.05)(timeout=timeout), time.monotonic() - t0
+
+    msg, waited = asyncio.run(timed(channel(0.2), timeout=600))
+    assert msg == {"msg": "reply"} and waited < 5.0
+    with pytest.raises(Empty):
+        asyncio.run(timed(channel(1e9), timeout=0.2))

@@ -133,6 +133,51 @@ def shared_kernel(cwd: str | Path):
         run_sync(km.shutdown_kernel)(now=True)
 
 
+POLL_SLICE_S = 0.5
+
+
+def sliced_get_msg(get_msg, slice_s: float = POLL_SLICE_S):
+    """A channel's ``get_msg`` that waits in slices of ``slice_s`` seconds.
+
+    The asyncio kernel client waits for a reply with one long ``poll(timeout)``. Under CPU
+    load we saw that wait miss the socket's wake-up (an edge-triggered ZMQ descriptor): the
+    execute reply sat in the socket while the client slept for the whole cell timeout (a
+    chapter "took" 615 s instead of 15, with an idle kernel), then found it on the final
+    check. Short polls look at the socket again every ``slice_s`` seconds, so a missed
+    wake-up costs at most that much.
+    """
+    import time
+    from queue import Empty
+
+    async def get(timeout: float | None = None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            step = slice_s if left is None else max(0.0, min(slice_s, left))
+            try:
+                return await get_msg(timeout=step)
+            except Empty:
+                if left is not None and left <= slice_s:
+                    raise
+
+    return get
+
+
+def _client_class():
+    from nbclient import NotebookClient
+
+    class Client(NotebookClient):
+        """nbclient's client, with its shell and IOPub waits in short slices (sliced_get_msg)."""
+
+        async def async_start_new_kernel_client(self):
+            kc = await super().async_start_new_kernel_client()
+            for channel in (kc.shell_channel, kc.iopub_channel):
+                channel.get_msg = sliced_get_msg(channel.get_msg)
+            return kc
+
+    return Client
+
+
 def execute(nb: nbformat.NotebookNode, cwd: str | Path, timeout: int = 300,
             allow_errors: bool = False, km: LabKernelManager | None = None) -> ExecutionAborted | None:
     """Run ``nb`` in place; return the reason if the kernel died before the end.
@@ -142,8 +187,9 @@ def execute(nb: nbformat.NotebookNode, cwd: str | Path, timeout: int = 300,
     (``allow_errors=True``): every cell runs; a cell that runs past ``timeout`` seconds
     is interrupted and shows a ``KeyboardInterrupt`` error, and the next cell runs.
     """
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    NotebookClient = _client_class()
 
     run_nb = nb
     reset = new_code_cell(_RESET)
