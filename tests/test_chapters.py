@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from minibatch.labs.builder import read_notebook
+from minibatch.labs.builder import read_notebook, template_of
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = ROOT / "chapters"
@@ -25,7 +25,8 @@ def test_notebook_matches_its_source_and_has_outputs(src):
     assert nb_path.exists(), f"{nb_path.name} not built: run tools/build_notebooks.py {src.stem[:2]}"
     nb = json.loads(nb_path.read_text(encoding="utf-8"))
     built = read_notebook(src).cells
-    stored = [(c["cell_type"], "".join(c["source"]), c.get("metadata", {}).get("tags", [])) for c in nb["cells"]]
+    stored = [(c["cell_type"], "".join(template_of({**c, "source": "".join(c["source"])})),
+               c.get("metadata", {}).get("tags", [])) for c in nb["cells"]]
     assert stored == [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in built], \
         f"{nb_path.name} is out of date with {src.name}: run python tools/build_notebooks.py {src.stem[:2]}"
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]

@@ -261,3 +261,31 @@ def test_a_missed_wake_up_costs_a_poll_slice_not_the_cell_timeout():
     assert msg == {"msg": "reply"} and waited < 5.0
     with pytest.raises(Empty):
         asyncio.run(timed(channel(1e9), timeout=0.2))
+
+
+def test_prose_fields_are_filled_from_the_kernel_where_they_stand(tmp_path):
+    """{{...}} fields in Markdown take the values the code above them left; the template is
+    kept; a field that fails stops the build."""
+    from minibatch.labs.builder import ProseFieldError, build_chapter, template_of
+
+    src = tmp_path / "src" / "99_fields.py"
+    src.parent.mkdir()
+    src.write_text(textwrap.dedent('''\
+        # %%
+        x = 2.345
+        s = "abc"
+        # %% [markdown]
+        # x is {{x:.1f}}, s has {{len(s)}} letters, {{"无" if x < 1 else "有"}}
+        # %%
+        x = 10
+        # %% [markdown]
+        # now {{x}}
+    '''), encoding="utf-8")
+    nb = nbformat.read(str(build_chapter(src, tmp_path, log=lambda *a: None)), as_version=4)
+    md = [c for c in nb.cells if c.cell_type == "markdown"]
+    assert [c.source for c in md] == ["x is 2.3, s has 3 letters, 有", "now 10"]
+    assert template_of(md[0]) == "x is {{x:.1f}}, s has {{len(s)}} letters, {{\"无\" if x < 1 else \"有\"}}"
+    bad = tmp_path / "src" / "98_bad.py"
+    bad.write_text("# %%\nx = 1\n# %% [markdown]\n# {{y + 1}}\n", encoding="utf-8")
+    with pytest.raises(ProseFieldError, match="y \\+ 1.*NameError"):
+        build_chapter(bad, tmp_path, log=lambda *a: None)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -67,7 +68,9 @@ def build_chapter(src: str | Path, out_dir: str | Path | None = None, timeout: i
     nb = read_notebook(src)
     if execute_cells:
         t = time.perf_counter()
-        execute(nb, cwd=out_dir, timeout=timeout)
+        aborted = execute(nb, cwd=out_dir, timeout=timeout)
+        if aborted is not None:
+            raise aborted
         clean_outputs(nb)
         log(f"{src.stem}.ipynb: executed in {time.perf_counter() - t:.1f} s")
     out = out_dir / f"{src.stem}.ipynb"
@@ -163,17 +166,66 @@ def sliced_get_msg(get_msg, slice_s: float = POLL_SLICE_S):
     return get
 
 
+# -- numbers in prose -------------------------------------------------------------------------
+# A Markdown cell may hold replacement fields like an f-string's, in double braces:
+# "连续批处理的吞吐是串行的 {{speedup:.1f}} 倍". The builder evaluates each field in the kernel
+# at that point of the notebook (after the code cells above it) and stores the cell with the
+# numbers filled in; the cell's source with its fields is kept in the cell's metadata
+# (``minibatch.template``). So prose stays in Markdown cells, and every number in it comes
+# from a cell: a field that fails to evaluate fails the build.
+FIELD_RE = re.compile(r"\{\{(.+?)\}\}", re.S)
+
+
+class ProseFieldError(ValueError):
+    """A ``{{...}}`` field of a Markdown cell that could not be evaluated."""
+
+
+def template_of(cell) -> str:
+    """The source a stored Markdown cell was built from (its fields unfilled)."""
+    return cell.get("metadata", {}).get("minibatch", {}).get("template", cell["source"]) \
+        if cell.get("cell_type") == "markdown" else cell["source"]
+
+
 def _client_class():
+    import ast
+
     from nbclient import NotebookClient
 
     class Client(NotebookClient):
-        """nbclient's client, with its shell and IOPub waits in short slices (sliced_get_msg)."""
+        """nbclient's client, with its shell and IOPub waits in short slices (sliced_get_msg)
+        and the ``{{...}}`` fields of Markdown cells filled from the kernel."""
 
         async def async_start_new_kernel_client(self):
             kc = await super().async_start_new_kernel_client()
             for channel in (kc.shell_channel, kc.iopub_channel):
                 channel.get_msg = sliced_get_msg(channel.get_msg)
             return kc
+
+        async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
+            if cell.cell_type != "markdown" or "{{" not in cell.source:
+                return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+            template = template_of(cell)
+            fields = FIELD_RE.findall(template)
+            if not fields:
+                return cell
+            exprs = {f"f{i}": "f" + repr("{" + field.strip() + "}") for i, field in enumerate(fields)}
+            from jupyter_core.utils import ensure_async
+
+            msg_id = await ensure_async(self.kc.execute("", silent=True, store_history=False,
+                                                        user_expressions=exprs))
+            reply = await self.async_wait_for_reply(msg_id, cell)
+            results = (reply or {}).get("content", {}).get("user_expressions", {})
+            values = []
+            for i, field in enumerate(fields):
+                res = results.get(f"f{i}", {})
+                if res.get("status") != "ok":
+                    raise ProseFieldError(f"cell {cell_index}: the prose field {{{{{field}}}}} failed: "
+                                          f"{res.get('ename', 'no reply')}: {res.get('evalue', '')}")
+                values.append(ast.literal_eval(res["data"]["text/plain"]))
+            it = iter(values)
+            cell.source = FIELD_RE.sub(lambda m: next(it), template)
+            cell.metadata.setdefault("minibatch", {})["template"] = template
+            return cell
 
     return Client
 
@@ -260,7 +312,9 @@ def build_lab(lab, timeout: int = 300, log=print, km=None) -> tuple[Path, Path]:
     src = parse(lab.source_path, lab.lab_id)
     nb = make_notebook(src, "reference")
     log(f"{lab.lab_id}: executing the reference solution ...")
-    execute(nb, cwd=lab.root, timeout=timeout, km=km)
+    aborted = execute(nb, cwd=lab.root, timeout=timeout, km=km)
+    if aborted is not None:
+        raise aborted
     clean_outputs(nb)
     nb.metadata["minibatch_lab"]["role"] = "key"
     lab.key_path.parent.mkdir(parents=True, exist_ok=True)
