@@ -115,6 +115,10 @@ def root(x):
     ### END SOLUTION
 # %% tags=["check:2", "needs:1"]
 print(round(root(double(8)), 3))
+# %% tags=["check:1", "hidden"]
+import random
+for x in random.Random(1).sample(range(1000), 5):
+    assert double(x) == 2 * x, f"double({x}) should be {2 * x}, got {double(x)}"
 '''
 
 
@@ -142,7 +146,10 @@ def _edit(lab, tmp_path, **sources):
 def test_build_writes_a_stubbed_learner_notebook_and_an_executed_key(mini):
     key = nbformat.read(str(mini.key_path), as_version=4)
     learner = nbformat.read(str(mini.notebook_path), as_version=4)
-    assert [c.id for c in key.cells if c.cell_type == "code"] == ["cell-01", "task-1", "check-1", "task-2", "check-2"]
+    assert [c.id for c in key.cells if c.cell_type == "code"] == ["cell-01", "task-1", "check-1", "task-2", "check-2",
+                                                                  "check-1-b"]
+    assert [c.id for c in learner.cells if c.cell_type == "code"] == ["cell-01", "task-1", "check-1", "task-2",
+                                                                      "check-2"]
     task2 = next(c for c in learner.cells if c.id == "task-2").source
     assert task2 == 'def root(x):\n    # hint: math.sqrt\n    raise NotImplementedError("L07 · task 2")'
     check2 = next(c for c in learner.cells if c.id == "check-2")
@@ -223,6 +230,7 @@ def test_cli_list(capsys):
     ("# %% tags=[\"task:1\"]\n### BEGIN SOLUTION\n### END SOLUTION\n# %% tags=[\"check:2\"]\n", "no task 2"),
     ("# %% tags=task:1\nx = 1\n", "cannot read cell header"),
     ("# %% tags=[1]\nx = 1\n", "cannot read"),
+    ("# %% tags=[\"task:1\"]\n### BEGIN SOLUTION\n### END SOLUTION\n# %% tags=[\"hidden\"]\nx = 1\n", "only goes on check"),
     ("# %% tags=[\"task:1\", \"task:2\"]\n### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n", "BEGIN SOLUTION task N"),
 ])
 def test_bad_sources_are_refused_with_a_reason(tmp_path, text, message):
@@ -289,3 +297,16 @@ def test_prose_fields_are_filled_from_the_kernel_where_they_stand(tmp_path):
     bad.write_text("# %%\nx = 1\n# %% [markdown]\n# {{y + 1}}\n", encoding="utf-8")
     with pytest.raises(ProseFieldError, match="y \\+ 1.*NameError"):
         build_chapter(bad, tmp_path, log=lambda *a: None)
+
+
+def test_hidden_checks_are_graded_but_not_shown(mini, kernel, tmp_path):
+    key = nbformat.read(str(mini.key_path), as_version=4)
+    learner = nbformat.read(str(mini.notebook_path), as_version=4)
+    hidden = [c for c in key.cells if "hidden" in c.metadata.get("tags", [])]
+    assert len(hidden) == 1 and hidden[0].id not in {c.id for c in learner.cells}
+    # A double() that is right on the visible check (21 -> 42) but wrong elsewhere fails task 1.
+    path = _edit(mini, tmp_path, **{"task-1": "def double(x):\n    return 42 if x == 21 else 2 * x + 1",
+                                    "task-2": "import math\nroot = math.sqrt"})
+    report = grade(mini, path, km=kernel)
+    t1 = report.tasks[0]
+    assert not t1.passed and any("should be" in f for f in t1.failures), report.format()

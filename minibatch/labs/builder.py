@@ -83,6 +83,8 @@ def make_notebook(src: LabSource, role: str) -> nbformat.NotebookNode:
     """The unexecuted notebook of ``role`` ``"reference"`` (solutions) or ``"learner"`` (stubs)."""
     cells = []
     for c in src.cells:
+        if role == "learner" and c.hidden:
+            continue                      # hidden checks live in the key only
         text = src.reference_source(c) if role == "reference" else src.stub_source(c)
         cell = new_markdown_cell(text) if c.kind == "markdown" else new_code_cell(text)
         cell.id = c.cell_id
@@ -292,9 +294,11 @@ def clean_outputs(nb: nbformat.NotebookNode) -> None:
 
 
 def learner_from_key(src: LabSource, key: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The learner notebook: the key's cells and outputs, task cells replaced by stubs."""
+    """The learner notebook: the key's cells and outputs, task cells replaced by stubs, and the
+    key's hidden check cells left out."""
     nb = copy.deepcopy(key)
     by_id = {c.cell_id: c for c in src.cells}
+    nb.cells = [cell for cell in nb.cells if not by_id[cell.id].hidden]
     for cell in nb.cells:
         scell = by_id[cell.id]
         if scell.tasks:

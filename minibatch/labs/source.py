@@ -26,6 +26,9 @@ Tags (JSON list after ``tags=``):
   ``### BEGIN SOLUTION task 3``.
 * ``check:N``: a graded cell for task N (asserts, deterministic printed output that
   the grader compares with the answer key). ``needs:M`` says it also calls task M.
+* ``hidden`` (on a check cell): the cell is in the answer key only, not in the learner
+  notebook; the grader runs it like any check (randomized checks, so that a solution
+  cannot be fitted to the visible cases).
 * ``nbval-ignore-output``: the cell's output is not compared (wall-clock numbers).
 
 Any other cell is context (explanations, setup, engine demos) and must not call the
@@ -63,6 +66,12 @@ class SourceCell:
     def check(self) -> int | None:
         checks = [int(t.split(":", 1)[1]) for t in self.tags if t.startswith("check:")]
         return checks[0] if checks else None
+
+    @property
+    def hidden(self) -> bool:
+        """A check cell that only the key holds (``hidden`` tag): the learner never sees it,
+        the grader runs it (randomized checks a solution cannot be tuned to)."""
+        return "hidden" in self.tags
 
     @property
     def needs(self) -> list[int]:
@@ -172,6 +181,8 @@ def _validate(src: LabSource) -> None:
             raise LabSourceError(f"{at}: a check cell checks one task (add 'needs:M' for others it uses)")
         if cell.needs and cell.check is None:
             raise LabSourceError(f"{at}: 'needs:' only goes on check cells")
+        if cell.hidden and cell.check is None:
+            raise LabSourceError(f"{at}: 'hidden' only goes on check cells")
         if cell.check is not None:
             if cell.check not in tasks:
                 raise LabSourceError(f"{at}: check:{cell.check} but there is no task {cell.check}")
