@@ -8,7 +8,14 @@ TORCH_SPEC ?= torch==2.13.0
 # Spinning OpenMP threads slow torch down badly whenever processes share the cores.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup course test bench mutate clean
+# `make course`: where JupyterLab listens (PORT=9000; a taken port moves to the next free one;
+# HOST=0.0.0.0 on a remote machine). It passes --allow-root as root and opens no browser where
+# there is no display (see minibatch/labs/launch.py).
+PORT ?= 8888
+HOST ?= 127.0.0.1
+COURSE = $(BIN)/python -m minibatch.labs course --host $(HOST) --port $(PORT)
+
+.PHONY: setup course open-course test bench mutate clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,7 +29,11 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 setup: $(VENV)/.installed
 
 course: setup
-	$(BIN)/jupyter lab chapters/
+	$(COURSE)
+
+# The same command without the setup step (tests/test_make_course.py runs it).
+open-course:
+	$(COURSE)
 
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider
