@@ -1,4 +1,4 @@
-# Two entry points (see README): `make course` and `make test`. Each sets up .venv itself.
+# Entry points (see README): `make course`, `make test` and `make book`. Each sets up .venv itself.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -15,7 +15,7 @@ PORT ?= 8888
 HOST ?= 127.0.0.1
 COURSE = $(BIN)/python -m minibatch.labs course --host $(HOST) --port $(PORT)
 
-.PHONY: setup course open-course test bench mutate clean
+.PHONY: setup course open-course test book bench mutate clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,11 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[serve,course,dev]"
+	touch $@
+
+# The book's tools (Sphinx, MyST-NB, a theme, MathJax): for `make book` and the tests, not `make course`.
+$(VENV)/.installed-book: $(VENV)/.installed pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[book]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -35,8 +40,12 @@ course: setup
 open-course:
 	$(COURSE)
 
-test: setup
+test: setup $(VENV)/.installed-book
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The chapters and labs as a static HTML site in _build/book/ (stored outputs, nothing executed).
+book: setup $(VENV)/.installed-book
+	$(BIN)/python tools/build_book.py
 
 bench: setup
 	$(BIN)/python benchmarks/offline_throughput.py
@@ -50,4 +59,4 @@ mutate: setup
 	$(BIN)/python tools/mutation_report.py --survivors
 
 clean:
-	rm -rf $(VENV) mutants
+	rm -rf $(VENV) mutants _build
