@@ -160,13 +160,14 @@ def test_make_course_in_a_browser(tmp_path):
             landing.locator("a", has_text=CHAPTER_01_HEADING).first.click()
             nb = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
             nb.locator("h1", has_text=CHAPTER_01_HEADING).first.wait_for(timeout=120_000)
+            page.wait_for_timeout(1000)
+            page.screenshot(path=str(shots / "chapter01.png"))
             img = nb.locator(".jp-OutputArea-output img").first
             img.scroll_into_view_if_needed(timeout=60_000)
             page.wait_for_function("(el) => el.complete && el.naturalWidth > 0", arg=img.element_handle(),
                                    timeout=60_000)
-            nb.locator("h1").first.scroll_into_view_if_needed()
             page.wait_for_timeout(1000)
-            page.screenshot(path=str(shots / "chapter01.png"))
+            page.screenshot(path=str(shots / "chapter01_figure.png"))
         finally:
             browser.close()
 
