@@ -1,4 +1,4 @@
-# Two entry points (see README): `make course` and `make test`. Each sets up .venv itself.
+# Entry points (see README): `make course`, `make test` and `make book`. Each sets up .venv itself.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,7 +8,14 @@ TORCH_SPEC ?= torch==2.13.0
 # Spinning OpenMP threads slow torch down badly whenever processes share the cores.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup course test bench mutate clean
+# `make course`: where JupyterLab listens (PORT=9000; a taken port moves to the next free one;
+# HOST=0.0.0.0 on a remote machine). It passes --allow-root as root and opens no browser where
+# there is no display (see minibatch/labs/launch.py).
+PORT ?= 8888
+HOST ?= 127.0.0.1
+COURSE = $(BIN)/python -m minibatch.labs course --host $(HOST) --port $(PORT)
+
+.PHONY: setup course open-course test book bench mutate clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,13 +26,26 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[serve,course,dev]"
 	touch $@
 
+# The book's tools (Sphinx, MyST-NB, a theme, MathJax): for `make book` and the tests, not `make course`.
+$(VENV)/.installed-book: $(VENV)/.installed pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[book]"
+	touch $@
+
 setup: $(VENV)/.installed
 
 course: setup
-	$(BIN)/jupyter lab chapters/
+	$(COURSE)
 
-test: setup
+# The same command without the setup step (tests/test_make_course.py runs it).
+open-course:
+	$(COURSE)
+
+test: setup $(VENV)/.installed-book
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The chapters and labs as a static HTML site in _build/book/ (stored outputs, nothing executed).
+book: setup $(VENV)/.installed-book
+	$(BIN)/python tools/build_book.py
 
 bench: setup
 	$(BIN)/python benchmarks/offline_throughput.py
@@ -39,4 +59,4 @@ mutate: setup
 	$(BIN)/python tools/mutation_report.py --survivors
 
 clean:
-	rm -rf $(VENV) mutants
+	rm -rf $(VENV) mutants _build

@@ -1,9 +1,11 @@
-"""``python -m minibatch.labs {list,build,check,solve}``.
+"""``python -m minibatch.labs {list,build,check,solve,course}``.
 
     list                          the labs and their tasks
     build [LAB ...]               rebuild learner notebooks and answer keys from labs/src/
     check LAB NOTEBOOK [--json]   grade a notebook; exit 0 iff every task passes
     solve LAB --out PATH          write the reference-solved notebook (for teachers)
+    course [--port N] [--host H]  open the course in JupyterLab (what `make course` runs;
+                                  see minibatch.labs.launch)
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ def _cmd_solve(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["course"]:                   # its own parser: python -m minibatch.labs course --help
+        from minibatch.labs.launch import main as course
+
+        return course(argv[1:])
     p = argparse.ArgumentParser(prog="python -m minibatch.labs", description="minibatch labs: build, check, solve")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="list the labs and their tasks").set_defaults(fn=_cmd_list)
@@ -84,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--execute", action="store_true", help="run the reference now instead of copying the key")
     s.add_argument("--timeout", type=int, default=300)
     s.set_defaults(fn=_cmd_solve)
+    sub.add_parser("course", help="open the course in JupyterLab (what `make course` runs)")
     args = p.parse_args(argv)
     try:
         return args.fn(args)
