@@ -7,7 +7,7 @@ Stages the sources into ``_build/book-src/`` and runs Sphinx with MyST-NB on the
 
 * ``index.md``: the landing page (the same text as ``COURSE.md``, from
   :mod:`minibatch.labs.course`) plus the hidden toctrees that make the sidebar: the three
-  stages, the labs, and two reference pages. Chapters not written yet are listed on a
+  stages, the labs, and the reference pages. Chapters not written yet are listed on a
   "coming" page of their stage, so the sidebar always shows all three stages.
 * ``chapters/*.ipynb`` and ``labs/*.ipynb`` as stored, with their outputs (nothing is
   executed); an interactive widget, which a static page cannot run, becomes a note that
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -32,17 +31,14 @@ import time
 from pathlib import Path
 
 from minibatch.labs.course import COMING, LABS, STAGES, chapter_files, lab_files, landing_page, stage_table
+from minibatch.labs.source import join_cjk_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "book"
 STAGE_DIR = ROOT / "_build" / "book-src"
-REFERENCE = (("labs/README.md", "实验指南：怎么做、怎么评分"), ("datasets/README.md", "数据说明：负载与 Trace"))
+REFERENCE = (("labs/README.md", "实验指南：怎么做、怎么评分"), ("datasets/README.md", "数据说明：负载与 Trace"),
+             ("datasets/traces/SOURCES.md", "Trace 的来源、许可与统计"), ("docs/glossary.md", "术语表"))
 WIDGET = "application/vnd.jupyter.widget-view+json"
-# A line break between two Chinese characters renders as a space; the chapter sources wrap
-# their Chinese prose, so the book joins such lines (only where the next line, or list item
-# continuation, starts with one).
-CJK = "\u3000-\u303f\u4e00-\u9fff\uff00-\uffef"
-CJK_BREAK = re.compile(f"(?<=[{CJK}])\n[ \t]*(?=[{CJK}])")
 WIDGET_NOTE = ("*交互部件（Widget）：静态网页不能运行它。在 JupyterLab 中打开本章（`make course`），"
                "运行到这里即可拖动滑块、切换参数。*")
 
@@ -84,7 +80,7 @@ def static_notebook(nb: dict) -> dict:
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
             text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-            cell["source"] = CJK_BREAK.sub("", text)
+            cell["source"] = join_cjk_lines(text)
         for i, out in enumerate(cell.get("outputs", [])):
             if WIDGET in out.get("data", {}):
                 cell["outputs"][i] = {"output_type": "display_data", "metadata": {},

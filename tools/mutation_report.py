@@ -4,8 +4,9 @@
 
 Score = killed / (all mutants); a timeout counts as killed (the planted bug hung a test that
 the default pytest timeout then failed), "no tests" and "survived" count against it. Every
-survivor must be killed by a test or listed as equivalent, with its reason, in
-``tests/MUTANTS.md``; ``--survivors`` lists the survivors not explained there.
+survivor must be killed by a test or listed as equivalent, with its reason, in one of
+``tests/mutants/*.md`` (one file per area of the core); ``--survivors`` lists the survivors
+not explained there.
 """
 
 from __future__ import annotations
@@ -31,16 +32,17 @@ def load(root: Path) -> dict[str, dict[str, int | None]]:
 
 
 def explained(root: Path) -> set[str]:
-    path = root / "tests" / "MUTANTS.md"
-    if not path.exists():
-        return set()
-    return set(re.findall(r"`([\w.]+__mutmut_\d+)`", path.read_text(encoding="utf-8")))
+    """Mutant names listed (in backticks) as equivalent in ``tests/mutants/*.md``."""
+    names: set[str] = set()
+    for path in sorted((root / "tests" / "mutants").glob("*.md")):
+        names |= set(re.findall(r"`([\wǁ.]+__mutmut_\d+)`", path.read_text(encoding="utf-8")))
+    return names
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default=str(ROOT), help="the checkout mutmut ran in")
-    ap.add_argument("--survivors", action="store_true", help="list survivors not explained in tests/MUTANTS.md")
+    ap.add_argument("--survivors", action="store_true", help="list survivors not explained in tests/mutants/*.md")
     args = ap.parse_args(argv)
     root = Path(args.root)
     data = load(root)
@@ -72,7 +74,7 @@ def main(argv=None) -> int:
         print(f"| {module} | {c['total']} | {c['killed']} | {c['equivalent']} | {c['survived']} | {c['no tests']} | "
               f"{c['killed'] / c['total']:.1%} | {c['killed'] / live if live else 1:.1%} |")
     if args.survivors:
-        print(f"\n{len(unexplained)} survivors not in tests/MUTANTS.md:")
+        print(f"\n{len(unexplained)} survivors not listed in tests/mutants/*.md:")
         for key in unexplained:
             print(" ", key)
     return 0

@@ -35,19 +35,23 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from minibatch.labs.source import LabSource, parse
+from minibatch.labs.source import LabSource, join_cjk_lines, parse
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 
 
 def read_notebook(path: str | Path) -> nbformat.NotebookNode:
-    """The unexecuted notebook of a percent-format source: its cells, each with its tags only."""
+    """The unexecuted notebook of a percent-format source: its cells, each with its tags only;
+    in Markdown cells, lines wrapped between two Chinese characters are joined."""
     import jupytext
 
     nb = jupytext.read(path, fmt="py:percent")
     cells = []
     for c in nb.cells:
-        cell = new_markdown_cell(c.source) if c.cell_type == "markdown" else new_code_cell(c.source)
+        if c.cell_type == "markdown":
+            cell = new_markdown_cell(join_cjk_lines(c.source))
+        else:
+            cell = new_code_cell(c.source)
         if c.metadata.get("tags"):
             cell.metadata["tags"] = list(c.metadata["tags"])
         cells.append(cell)

@@ -198,8 +198,10 @@ def landing_cells(root: Path = ROOT) -> list[str]:
         "`chat` 与 `code_bursty` 的到达过程与长度分布拟合自微软公开的 Azure LLM 推理 trace 2023"
         "（Splitwise, Patel et al., ISCA'24；CC-BY-4.0），其余是设计值。同样的负载另存为 "
         "`datasets/workloads/*.jsonl`，供查看与其他工具使用。",
-        "- **真实 trace**：原始的 Azure trace 文件不随仓库分发；第 3、6 章在它们存在时读入并重新计算统计量，"
-        "不存在时跳过该实验。来源、许可、拟合方法与“生成 vs 公开”的对照表见 [数据说明](datasets/README.md)。",
+        "- **真实 trace**：课程用到的公开 trace 随仓库放在 `datasets/traces/`（Azure LLM 推理 trace 2023 的 code 与 conv、"
+        "Mooncake 合成 trace、ShareGPT-8k 长度统计），与原文件逐字节相同，来源、许可（CC-BY-4.0、Apache-2.0）与校验和见 "
+        "[datasets/traces/SOURCES.md](datasets/traces/SOURCES.md)；用 `load_shipped_trace(\"azure_conv\")` 读入。"
+        "拟合方法与“生成 vs 公开”的对照表见 [数据说明](datasets/README.md)。",
         "- **模型**：默认模型 `tiny`（约 400 万参数的 Llama 结构）随包内置，训练语料由程序生成"
         "（`python -m minibatch.tiny.train`），无需从网上下载任何权重。",
     ]))

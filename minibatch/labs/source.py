@@ -46,6 +46,17 @@ END_RE = re.compile(r"^\s*### END SOLUTION\s*$")
 TASK_TITLE_RE = re.compile(r"任务\s*(\d+)\s*[·:：]\s*(.+)")
 
 
+# A line break between two Chinese characters (or Chinese punctuation) renders as a stray space in
+# Markdown; the sources wrap long Chinese lines, so notebooks (chapters, labs, the book) join them.
+CJK = "\u3000-\u303f\u4e00-\u9fff\uff00-\uffef"
+CJK_BREAK_RE = re.compile(f"(?<=[{CJK}])\n[ \t]*(?=[{CJK}])")
+
+
+def join_cjk_lines(text: str) -> str:
+    """``text`` with the line breaks (and the indent after them) between two CJK characters removed."""
+    return CJK_BREAK_RE.sub("", text)
+
+
 class LabSourceError(ValueError):
     """A lab source file that the builder cannot turn into notebooks."""
 
@@ -154,7 +165,8 @@ def parse(path: str | Path, lab_id: str | None = None) -> LabSource:
         tags = c.metadata.get("tags", [])
         if not (isinstance(tags, list) and all(isinstance(x, str) for x in tags)):
             raise LabSourceError(f"{path}, cell {no}: tags must be a JSON list of strings, got {tags!r}")
-        cells.append(SourceCell(c.cell_type, c.source.split("\n") if c.source else [], list(tags), no))
+        text = join_cjk_lines(c.source) if c.cell_type == "markdown" else c.source
+        cells.append(SourceCell(c.cell_type, text.split("\n") if text else [], list(tags), no))
     src = LabSource(lab_id, path, cells)
     _validate(src)
     _assign_ids(src)
