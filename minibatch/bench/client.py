@@ -224,7 +224,9 @@ def run_benchmark(**kwargs) -> dict:
         except BaseException as e:  # re-raised in the caller's thread
             box["error"] = e
 
-    t = threading.Thread(target=target, name="minibatch-bench")
+    # A daemon: if the caller is interrupted (a notebook cell stopped), the run must not keep the
+    # kernel from exiting at shutdown.
+    t = threading.Thread(target=target, name="minibatch-bench", daemon=True)
     t.start()
     t.join()
     if "error" in box:
