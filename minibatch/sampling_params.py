@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 GREEDY_BELOW_TEMPERATURE = 1e-5
 # torch.Generator.manual_seed takes [-2**63, 2**64).
 SEED_MIN, SEED_END = -(2 ** 63), 2 ** 64
+# Every stop string is searched for after every token, and every stop token id compared:
+# bounded, so that one request's list cannot slow every step of the batch down.
+MAX_STOP_STRINGS = 64
+MAX_STOP_TOKEN_IDS = 256
 
 
 class InvalidParameter(ValueError):
@@ -61,9 +65,9 @@ def validate_sampling(temperature, top_p, top_k, max_tokens, ignore_eos, stop, s
     request that passes can never make the sampler fail: ``temperature`` a finite number
     >= 0 (below :data:`GREEDY_BELOW_TEMPERATURE` is greedy); ``top_p`` in (0, 1]; ``top_k``
     -1 (off) or an integer >= 1 (above the vocabulary size it keeps every token);
-    ``max_tokens`` an integer >= 1; ``ignore_eos`` a bool; ``stop`` a list of non-empty
-    strings; ``seed`` ``None`` or an integer in [-2**63, 2**64); ``stop_token_ids``
-    integers >= 0.
+    ``max_tokens`` an integer >= 1; ``ignore_eos`` a bool; ``stop`` a list of at most
+    :data:`MAX_STOP_STRINGS` non-empty strings; ``seed`` ``None`` or an integer in
+    [-2**63, 2**64); ``stop_token_ids`` at most :data:`MAX_STOP_TOKEN_IDS` integers >= 0.
     """
     if not is_finite(temperature) or temperature < 0:
         raise _bad("temperature", temperature, "must be a finite number >= 0 (0 means greedy)")
@@ -77,10 +81,14 @@ def validate_sampling(temperature, top_p, top_k, max_tokens, ignore_eos, stop, s
         raise _bad("ignore_eos", ignore_eos, "must be a boolean")
     if not isinstance(stop, list) or any(not isinstance(s, str) or s == "" for s in stop):
         raise _bad("stop", stop, "must be a string or a list of non-empty strings")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise _bad("stop", f"<{len(stop)} strings>", f"at most {MAX_STOP_STRINGS} stop strings")
     if seed is not None and (not is_int(seed) or not SEED_MIN <= seed < SEED_END):
         raise _bad("seed", seed, "must be an integer in [-2**63, 2**64) or None")
     if not isinstance(stop_token_ids, list) or any(not is_int(t) or t < 0 for t in stop_token_ids):
         raise _bad("stop_token_ids", stop_token_ids, "must be a list of integers >= 0")
+    if len(stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise _bad("stop_token_ids", f"<{len(stop_token_ids)} ids>", f"at most {MAX_STOP_TOKEN_IDS} ids")
 
 
 @dataclass

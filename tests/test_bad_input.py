@@ -93,7 +93,7 @@ def test_unknown_engine_option():
     ("top_p", 10 ** 400), ("top_k", 1.5), ("top_k", True), ("top_k", -2), ("max_tokens", True),
     ("max_tokens", 2.0), ("ignore_eos", 1), ("stop", 3), ("stop", ["a", 3]), ("seed", 2 ** 64),
     ("seed", -(2 ** 63) - 1), ("seed", "7"), ("seed", 1.0), ("stop_token_ids", [-1]),
-    ("stop_token_ids", ["a"]), ("stop_token_ids", 5),
+    ("stop_token_ids", ["a"]), ("stop_token_ids", 5), ("stop", ["x"] * 65), ("stop_token_ids", [3] * 257),
 ])
 def test_each_field_is_checked_by_type_range_and_finiteness(field, value):
     from minibatch.sampling_params import InvalidParameter

@@ -219,6 +219,7 @@ BAD_INPUTS = [  # (path, body, status, words in the message, param); one or more
     ("/v1/completions", {"prompt": "hi", "stop": 3}, 400, "stop", "stop"),
     ("/v1/completions", {"prompt": "hi", "stop": [""]}, 400, "stop", "stop"),
     ("/v1/completions", {"prompt": "hi", "stop_token_ids": [-1]}, 400, "stop_token_ids", "stop_token_ids"),
+    ("/v1/completions", {"prompt": "hi", "stop": [f"s{i}" for i in range(10_000)]}, 400, "at most", "stop"),
     ("/v1/completions", {"prompt": "hi", "ignore_eos": "yes"}, 400, "ignore_eos", "ignore_eos"),
     # request fields
     ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "'n'", "n"),
