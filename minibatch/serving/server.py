@@ -327,12 +327,12 @@ def build_app(state: ServerState):
             raise APIError(503, "the server is shutting down", type="server_error")
         if not engine.is_alive:
             raise APIError(503, engine.failure or "the engine has stopped", type="server_error")
-        check_overload()
         try:
             raw = await read_body(request)
         except ClientDisconnect:            # the client left mid-upload: nobody to answer
             state.metrics.count_http_rejection("disconnected")
             return Response(status_code=400)
+        check_overload()                    # before any parsing (after the body: no reset upload)
         try:
             req = await asyncio.get_running_loop().run_in_executor(state.pool, prepare, raw, chat)
         except APIError:
