@@ -131,7 +131,11 @@ def test_streamed_chat_equals_unstreamed(client):
     assert text == full.choices[0].message.content and finals == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
     assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
-    assert len([c for c in chunks if c.choices]) >= 3          # streamed, not one blob (one per token)
+    # The opening role chunk, then content: how many content events carry the 12 tokens depends
+    # on how fast this client reads (the stream contract, minibatch/serving/server.py); one
+    # event per step while the reader keeps up is shown deterministically in
+    # tests/test_server_inprocess.py.
+    assert chunks[0].choices[0].delta.content == "" and len([c for c in chunks[1:] if c.choices]) >= 1
 
 
 def test_concurrent_streams_match_offline_generate(server, llm):

@@ -98,6 +98,36 @@ def test_an_sse_event_carries_every_token_since_the_previous_one(served, llm):
     assert [c["choices"][0]["finish_reason"] for c in content] == [None] * (len(content) - 1) + ["length"]
 
 
+def test_a_reader_that_keeps_up_gets_one_event_per_step(served, llm):
+    """The engine may take a step only when the test allows it: after each step the reader
+    gets exactly that step's token, before the next step runs."""
+    ae, _, _ = served
+    want = offline(llm, [[5, 6, 7]], max_tokens=6)[0].outputs[0].token_ids
+    step, allowed = ae.engine.step, threading.Semaphore(0)
+
+    def paced_step():
+        assert allowed.acquire(timeout=DEADLINE_S), "the test stopped pacing the engine"
+        return step()
+
+    ae.engine.step = paced_step
+
+    async def run():
+        stream = await ae.add_request([5, 6, 7], SamplingParams(**{**GREEDY, "max_tokens": 6}), "paced")
+        deltas = []
+        for _ in range(6):
+            allowed.release()
+            deltas.append(await asyncio.wait_for(stream.next_delta(), DEADLINE_S))
+        assert await asyncio.wait_for(stream.next_delta(), DEADLINE_S) is None
+        return deltas
+
+    try:
+        deltas = asyncio.run(run())
+    finally:
+        del ae.engine.step
+    assert [d.token_ids for d in deltas] == [[t] for t in want]
+    assert [d.finished for d in deltas] == [False] * 5 + [True]
+
+
 # -- tokenization and chat templates never hold up other requests ------------------------------
 class HeldTokenizer:
     """The engine's tokenizer, except that encoding (or templating) a text holding "HOLD"
