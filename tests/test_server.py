@@ -433,7 +433,7 @@ def test_many_clients_disconnect_streaming_and_not(server):
                 pass
 
     def waiting(i):
-        with pytest.raises(httpx.ReadTimeout):
+        with pytest.raises(httpx.TimeoutException):
             httpx.post(f"{server.url}/v1/completions", json={**body, "prompt": [9, 8, i]}, headers=AUTH, timeout=0.5)
 
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
