@@ -198,9 +198,10 @@ def _check_unsupported(body: dict) -> None:
         if name == "tool_choice" and body.get("tools"):
             continue                                      # reported as 'tools'
         why = WHY_UNSUPPORTED.get(name, "this option is not implemented by this server")
+        what = f"'{name}'={show(value)}"
         if name == "response_format" and isinstance(value, dict) and "type" in value:
-            why = f"type {show(value['type'])} is not supported: {why}"
-        raise bad(name, f"'{name}'={show(value)} is not supported: {why}")
+            what = f"'response_format' type {show(value['type'])}"
+        raise bad(name, f"{what} is not supported: {why}")
 
 
 def parse_request(body, chat: bool, tokenizer=None, default_max_tokens: int = 16,
