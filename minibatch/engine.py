@@ -98,6 +98,8 @@ class LLMEngine:
             if prompt == "":
                 raise ValueError("empty prompt: a request needs at least one token")
             return prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
+        if not isinstance(prompt, (list, tuple, range)):
+            raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         ids = list(prompt)
         if not set(map(type, ids)) <= {int}:      # one C-speed pass; bools and floats fail
             raise ValueError("a token-id prompt must be a list of integers")
@@ -126,7 +128,9 @@ class LLMEngine:
     def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
                     arrival_time: float | None = None, priority: int = 0, tenant: str | None = None) -> str:
         """Queue a request; raises ``ValueError`` (and queues nothing) on bad input."""
-        params = params or SamplingParams()
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.validate()
         text, ids = self.tokenize(prompt)
         self.validate(ids, params)
@@ -178,17 +182,29 @@ class LLMEngine:
                 self._emit("schedule", req)
         swapper = self.scheduler.swapper
         swap_time = swapper.take_time() if swapper is not None else 0.0
-        out = self.executor.execute(batch, self.kv)
+        try:
+            out = self.executor.execute(batch, self.kv)
+        except Exception as e:  # find the request(s) responsible; the rest of the batch goes on
+            out = self._execute_isolated(batch, e)
         self.clock.advance(out.duration + swap_time)
         now = self.clock.now()
-        for req, n in batch.items:
+        items = batch.items
+        if out.failed:
+            failed = {id(req) for req, _ in out.failed}
+            items = [(req, n) for req, n in batch.items if id(req) not in failed]
+        for req, n in items:
             req.num_computed_tokens += n
             self.kv.cache_full_blocks(req)
         touched: list[Request] = []
         for req, token in out.sampled:
             self._append_token(req, token, now)
             touched.append(req)
-        policy.on_step(batch.items, now)
+        for req, error in out.failed:
+            if not req.is_finished:
+                req.error = f"engine error in this request's step: {error}"
+                self._finish(req, RequestStatus.FINISHED_ABORTED)
+                touched.append(req)
+        policy.on_step(items, now)
         reserved, internal = self.kv.waste_slots(self.scheduler.running)
         slots = self.kv.num_blocks * self.kv.block_size
         swapped_out, swapped_in = self._swap_counts_since_last_record()
@@ -203,6 +219,29 @@ class LLMEngine:
             num_swapped_out_blocks=swapped_out, num_swapped_in_blocks=swapped_in,
             kv_reserved_unused=reserved / slots, kv_internal_waste=internal / slots))
         return touched
+
+    def _execute_isolated(self, batch, error: Exception):
+        """The batch's step raised ``error``: run each request's part alone, so that only the
+        request(s) whose own part fails are aborted (with their error) and every other
+        request gets the token it would have got. A failure before the model's sampling
+        consumed no random draw, so seeded requests stay reproducible."""
+        from minibatch.executor import StepOutput, describe_error
+        from minibatch.scheduler import ScheduledBatch
+
+        if batch.num_seqs == 1:
+            return StepOutput([], 0.0, 0.0, [(batch.items[0][0], describe_error(error))])
+        merged = StepOutput([], 0.0, 0.0, [])
+        for req, n in batch.items:
+            try:
+                out = self.executor.execute(ScheduledBatch(items=[(req, n)]), self.kv)
+            except Exception as e:
+                merged.failed.append((req, describe_error(e)))
+                continue
+            merged.sampled += out.sampled
+            merged.failed += out.failed
+            merged.duration += out.duration
+            merged.forward_time += out.forward_time
+        return merged
 
     def _swap_counts_since_last_record(self) -> tuple[int, int]:
         swapper = self.scheduler.swapper

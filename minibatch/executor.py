@@ -11,7 +11,7 @@ recompute) is now fully in the cache.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -35,6 +35,13 @@ class StepOutput:
     sampled: list[tuple[Request, int]]   # (request, new token) for requests that sampled
     duration: float                      # seconds the step took (measured or modelled)
     forward_time: float                  # seconds inside the model forward + sampling
+    # (request, error) for requests whose part of the step failed (e.g. their sampling); the
+    # engine aborts them with that error, and the rest of the step stands.
+    failed: list[tuple[Request, str]] = field(default_factory=list)
+
+
+def describe_error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:500]
 
 
 def pick_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
@@ -169,12 +176,16 @@ class ModelExecutor:
         t1 = time.perf_counter()
         hidden = self.model(input_ids, positions, meta, self.kv_caches)
         sampled: list[tuple[Request, int]] = []
+        failed: list[tuple[Request, str]] = []
         if sample_reqs:
             # In a decode-only step every row samples: no gather.
             rows = hidden if len(sample_idx) == hidden.shape[0] else hidden[sample_idx]
             logits = self.model.compute_logits(rows)
-            sampled = list(zip(sample_reqs, sample(logits, sample_reqs)))
+            errors: dict[int, Exception] = {}
+            tokens = sample(logits, sample_reqs, errors)
+            sampled = [(r, t) for i, (r, t) in enumerate(zip(sample_reqs, tokens)) if i not in errors]
+            failed = [(sample_reqs[i], describe_error(e)) for i, e in errors.items()]
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         t2 = time.perf_counter()
-        return StepOutput(sampled, t2 - t0, t2 - t1)
+        return StepOutput(sampled, t2 - t0, t2 - t1, failed)

@@ -35,7 +35,11 @@ class LLM:
         """Generate for each prompt (a string or a list of token ids), in input order.
 
         A prompt that fails validation does not stop the others: its output has
-        ``finish_reason == "rejected"`` and ``error`` naming the problem.
+        ``finish_reason == "rejected"`` and ``error`` naming the problem. A request whose
+        part of a step fails is aborted with its own error (``finish_reason == "abort"``)
+        and the others are unaffected. If anything else goes wrong (or the call is
+        interrupted), every request of this call is aborted and removed before the error
+        propagates, so the object is as it was and the next call starts clean.
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -49,28 +53,40 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
         engine = self.engine
-        ids = []
-        for prompt, p in zip(prompts, params):
-            try:
-                ids.append(engine.add_request(prompt, p))
-            except ValueError as e:
-                ids.append(engine.reject(prompt, p, str(e)).request_id)
-                engine.requests[ids[-1]] = engine.finished[-1]
+        ids: list[str] = []
         bar = None
-        if use_tqdm:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=len(prompts), desc="generate", unit="req")
-        done = 0
-        while engine.has_unfinished_requests():
-            engine.step()
+        try:
+            for prompt, p in zip(prompts, params):
+                try:
+                    ids.append(engine.add_request(prompt, p))
+                except ValueError as e:
+                    ids.append(engine.reject(prompt, p, str(e)).request_id)
+                    engine.requests[ids[-1]] = engine.finished[-1]
+            if use_tqdm:
+                from tqdm.auto import tqdm
+                bar = tqdm(total=len(prompts), desc="generate", unit="req")
+            done = 0
+            while engine.has_unfinished_requests():
+                engine.step()
+                if bar is not None:
+                    now_done = sum(1 for i in ids if engine.requests[i].is_finished)
+                    bar.update(now_done - done)
+                    done = now_done
             if bar is not None:
-                now_done = sum(1 for i in ids if engine.requests[i].is_finished)
-                bar.update(now_done - done)
-                done = now_done
-        if bar is not None:
-            bar.update(len(prompts) - done)
-            bar.close()
-        outputs = [engine.output(i) for i in ids]
-        for i in ids:
-            engine.requests.pop(i, None)
+                bar.update(len(prompts) - done)
+            outputs = [engine.output(i) for i in ids]
+        except BaseException:
+            for i in ids:
+                try:
+                    engine.abort_request(i)
+                except Exception:  # the engine is in a bad state; still drop the request
+                    engine.scheduler.remove(engine.requests[i])
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            mine = set(ids)
+            for i in ids:
+                engine.requests.pop(i, None)
+            engine.finished = [r for r in engine.finished if r.request_id not in mine]
         return outputs

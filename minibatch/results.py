@@ -6,6 +6,11 @@ token excluded); ITL = every gap t_{i+1} - t_i; queue delay = first scheduled - 
 Throughput counts output tokens over the run's duration (first arrival to last
 finish).
 
+``failed`` counts aborted and rejected requests; ``rejected`` the rejected ones alone (never
+admitted: a prompt longer than ``max_model_len``, say) and ``rejected_reasons`` maps each
+short reason (:func:`reject_reason`) to its count, e.g. ``{"prompt longer than
+max_model_len": 812}``.
+
 Engine-side keys, from the step timeline: ``num_preemptions`` (recompute + swap),
 ``num_swapped_blocks`` (KV blocks copied to host), ``padding_waste`` (request-level
 batching: padded slot-steps / (padded + computing slot-steps); 0 for iteration-level
@@ -20,6 +25,7 @@ as ``{"ttft": 0.8, "tpot": 0.05}`` (seconds).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -175,6 +181,30 @@ def records_from_events(events) -> list[RequestRecord]:
     return list(recs.values())
 
 
+# The engine's reasons to refuse a request (LLMEngine.validate), by a phrase of its message,
+# as the short names the summary counts them under.
+REJECT_REASONS = (
+    ("max_model_len", "prompt longer than max_model_len"),
+    ("max_num_batched_tokens", "prompt over max_num_batched_tokens"),
+    ("can never be served", "more KV blocks than the cache holds"),
+    ("outside the vocabulary", "token id outside the vocabulary"),
+    ("empty prompt", "empty prompt"),
+    ("invalid sampling parameter", "invalid sampling parameter"),
+)
+
+
+def reject_reason(error: str | None) -> str:
+    """A short, stable name for why a request was rejected (summary ``rejected_reasons``):
+    one of :data:`REJECT_REASONS`, else the message's first clause with numbers as ``N``."""
+    if not error:
+        return "unknown"
+    for phrase, reason in REJECT_REASONS:
+        if phrase in error:
+            return reason
+    head = re.split(r"[:;(]", error, maxsplit=1)[0]
+    return re.sub(r"\d+(\.\d+)?", "N", " ".join(head.split()))[:80] or "unknown"
+
+
 def _stats(prefix: str, values: list[float], out: dict) -> None:
     arr = [v for v in values if v is not None]
     out[f"{prefix}_mean"] = float(np.mean(arr)) if arr else float("nan")
@@ -206,6 +236,13 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord] | None = Non
     done = [r for r in records if r.completed]
     out: dict = {"num_requests": len(records), "completed": len(done),
                  "failed": sum(1 for r in records if r.finish_reason in ("abort", "rejected"))}
+    reasons: dict[str, int] = {}
+    for r in records:
+        if r.finish_reason == "rejected":
+            key = reject_reason(r.error)
+            reasons[key] = reasons.get(key, 0) + 1
+    out["rejected"] = sum(reasons.values())
+    out["rejected_reasons"] = dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
     starts = [r.arrival_time for r in records]
     ends = [r.finish_time for r in done if r.finish_time is not None]
     duration = (max(ends) - min(starts)) if ends else 0.0

@@ -29,18 +29,21 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def sample(logits: torch.Tensor, reqs: list[Request]) -> list[int]:
+def sample(logits: torch.Tensor, reqs: list[Request], errors: dict[int, Exception] | None = None) -> list[int]:
+    """Each row's next token.
+
+    ``errors``: isolate failures. If the batched draw raises, every sampled row is drawn
+    again on its own, with the uniform number it was already given (a seeded request's
+    generator advances once per token either way, so its tokens are those of a clean
+    run); a row that still fails gets its exception in ``errors[row]`` (its entry in the
+    result is then meaningless) and the other rows are sampled as usual. Without
+    ``errors`` the first failure raises.
+    """
     params = [r.sampling_params for r in reqs]
     greedy = argmax_rows(logits)
     if all(p.greedy for p in params):
         return greedy.tolist()
     rows = [i for i, p in enumerate(params) if not p.greedy]
-    z = logits[rows].float()
-    temps = torch.tensor([params[i].temperature for i in rows], dtype=z.dtype, device=z.device)
-    z = z / temps[:, None]
-    z = apply_top_k_top_p(z, [params[i].top_k for i in rows], [params[i].top_p for i in rows])
-    probs = torch.softmax(z, dim=-1)
-    out = greedy.tolist()
     u = torch.empty(len(rows), 1, dtype=torch.float64)
     for j, i in enumerate(rows):                   # one uniform per row; seeded rows use their own stream
         if reqs[i].generator is not None:
@@ -48,9 +51,34 @@ def sample(logits: torch.Tensor, reqs: list[Request]) -> list[int]:
     unseeded = [j for j, i in enumerate(rows) if reqs[i].generator is None]
     if unseeded:
         u[unseeded] = torch.rand(len(unseeded), 1, dtype=torch.float64)
-    for j, tok in enumerate(draw_inverse_cdf(probs, u).tolist()):
+    out = greedy.tolist()
+    try:
+        drawn = _draw(logits[rows], [params[i] for i in rows], u)
+    except Exception:
+        if errors is None:
+            raise
+        drawn = []
+        for j, i in enumerate(rows):
+            try:
+                drawn.append(_draw(logits[i:i + 1], [params[i]], u[j:j + 1])[0])
+            except Exception as e:  # this row's values broke the sampler: only this row fails
+                errors[i] = e
+                drawn.append(out[i])
+    for j, tok in enumerate(drawn):
         out[rows[j]] = tok
     return out
+
+
+def _draw(logits: torch.Tensor, params: list, u: torch.Tensor) -> list[int]:
+    """Temperature, top-k, top-p, softmax and the inverse-CDF draw for sampled rows."""
+    z = logits.float()
+    temps = torch.tensor([p.temperature for p in params], dtype=z.dtype, device=z.device)
+    z = z / temps[:, None]
+    vocab = z.shape[-1]
+    # A top_k above the vocabulary keeps every token (and an int64 could not hold 2**70).
+    z = apply_top_k_top_p(z, [min(p.top_k, vocab) for p in params], [p.top_p for p in params])
+    probs = torch.softmax(z, dim=-1)
+    return draw_inverse_cdf(probs, u).tolist()
 
 
 def apply_top_k_top_p(z: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:

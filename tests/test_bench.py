@@ -63,6 +63,50 @@ def test_random_dataset_lengths_and_rate():
     assert {r.arrival_time for r in make_requests("random", 5, "tiny", input_len=4, output_len=2)} == {0.0}
 
 
+def test_the_client_counts_one_chunk_per_event_even_when_they_arrive_together():
+    """The client's side of the stream contract: events are never merged by the reader.
+    A fake server writes 5 events (one merged event holding 3 tokens) in one write."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from minibatch.bench.client import send_request
+
+    def event(text, finish=None):
+        return "data: " + json.dumps({"choices": [{"index": 0, "text": text, "finish_reason": finish}]}) + "\n\n"
+
+    payload = (event("a") + event("bcd") + event("e") + event("f", "length")
+               + "data: " + json.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 6}})
+               + "\n\ndata: [DONE]\n\n").encode()
+
+    async def handler(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(payload)                  # everything at once
+        await resp.write_eof()
+        return resp
+
+    async def run():
+        app = web.Application()
+        app.router.add_post("/v1/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            async with aiohttp.ClientSession() as session:
+                return await send_request(session, f"http://127.0.0.1:{port}/v1/completions",
+                                          {"prompt": "x", "stream": True}, {}, 3, 0.0)
+        finally:
+            await runner.cleanup()
+
+    res = asyncio.run(run())
+    assert res.success and res.generated_text == "abcdef" and res.output_tokens == 6
+    assert len(res.chunk_times) == 4 and len(res.itl) == 3
+
+
 # -- against the server -------------------------------------------------------------------------
 def test_python_api_counts_every_request(server):
     res = run_benchmark(base_url=server.url, num_prompts=24, random_input_len=32, random_output_len=12,

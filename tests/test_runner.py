@@ -31,7 +31,8 @@ def test_metrics_from_a_hand_made_event_log():
     assert r1.e2e == pytest.approx(1.6) and r2.e2e == pytest.approx(1.5)
     assert r1.queue_delay == pytest.approx(0.5)
     s = summarize(list(recs.values()), slo={"ttft": 1.0, "tpot": 0.5})
-    assert s["completed"] == 2 and s["failed"] == 1
+    assert s["completed"] == 2 and s["failed"] == 1 and s["rejected"] == 1
+    assert s["rejected_reasons"] == {"too long": 1}
     assert s["duration_s"] == pytest.approx(2.5)       # first arrival to last finish
     assert s["throughput_tok_s"] == pytest.approx(5 / 2.5)
     assert s["itl_mean"] == pytest.approx((0.2 + 0.4 + 0.5) / 3)
@@ -95,6 +96,36 @@ def test_bad_requests_in_a_workload_are_rejected_not_lost():
     assert reasons == ["length", "rejected", "length"]
     assert "too long" in res.requests[1].error
     assert res.summary()["failed"] == 1
+
+
+def test_a_trace_longer_than_the_model_reports_rejections_by_reason():
+    """Prompts beyond llama-3-8b's 8k context are counted as rejected, with the reason; the
+    128k Llama-3.1-8B serves all but the one beyond its own context."""
+    lengths = [1000, 9000, 20000, 60000, 140000, 3000]
+    wl = Workload([RequestSpec(0.1 * i, n, 4) for i, n in enumerate(lengths)])
+    s = run(wl, executor="sim", model="llama-3-8b", hardware="a100-80g").summary()
+    assert s["rejected"] == 4 and s["failed"] == 4 and s["completed"] == 2
+    assert s["rejected_reasons"] == {"prompt longer than max_model_len": 4}
+    s = run(wl, executor="sim", model="llama-3.1-8b", hardware="a100-80g").summary()
+    assert s["rejected"] == 1 and s["completed"] == 5
+    assert s["rejected_reasons"] == {"prompt longer than max_model_len": 1}
+
+
+def test_rejection_reasons_are_short_and_counted():
+    from minibatch.results import RequestRecord, reject_reason
+
+    errors = ["prompt of 9000 tokens is too long: max_model_len is 8192 (...)",
+              "prompt token id 99999 is outside the vocabulary [0, 4096)",
+              "request needs 40 KV blocks (640 tokens) but the whole cache has only 30; it can never be served",
+              "empty prompt: a request needs at least one token", "quota of tenant 7 exceeded: try later", None]
+    assert [reject_reason(e) for e in errors] == [
+        "prompt longer than max_model_len", "token id outside the vocabulary",
+        "more KV blocks than the cache holds", "empty prompt", "quota of tenant N exceeded", "unknown"]
+    recs = [RequestRecord(str(i), 0.0, 10, 0, finish_reason="rejected", error=e) for i, e in enumerate(errors * 2)]
+    recs.append(RequestRecord("ok", 0.0, 10, 0, finish_reason="abort"))
+    s = summarize(recs)
+    assert s["rejected"] == 12 and s["failed"] == 13 and len(s["rejected_reasons"]) == 6
+    assert set(s["rejected_reasons"].values()) == {2}
 
 
 def test_mooncake_prefix_reuse_hits_in_sim_and_never_beats_an_infinite_cache(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from minibatch import LLM, SamplingParams
@@ -110,3 +111,23 @@ def test_stop_string_truncates_text():
     assert cut.finish_reason == "stop" and cut.stop_reason == stop
     assert stop not in cut.text and full.text.startswith(cut.text)
     assert cut.text == full.text[:full.text.find(stop)]
+
+
+def test_a_row_that_breaks_the_sampler_fails_alone_and_seeded_rows_keep_their_draws():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+
+    def reqs():
+        bad = Request("bad", [1], SamplingParams(temperature=0.7), 0.0)
+        bad.sampling_params.temperature = 10 ** 400         # past the validator: torch cannot hold it
+        return [Request("s", [1], SamplingParams(temperature=0.8, top_p=0.9, seed=5), 0.0), bad,
+                Request("g", [1], SamplingParams(temperature=0.0), 0.0)]
+
+    with pytest.raises((RuntimeError, OverflowError)):
+        sample(logits, reqs())
+    errors = {}
+    got = sample(logits, reqs(), errors)
+    assert list(errors) == [1]
+    alone = Request("s2", [1], SamplingParams(temperature=0.8, top_p=0.9, seed=5), 0.0)
+    assert got[0] == sample(logits[0:1], [alone])[0]          # the seeded row: the draw of a clean run
+    assert got[2] == int(logits[2].argmax())

@@ -10,7 +10,13 @@ Per request, measured on the client from the streamed chunks:
 
 - TTFT = time of the first token chunk - send time; E2EL = time of the last chunk - send time;
 - TPOT = (E2EL - TTFT) / (output_tokens - 1), the mean gap after the first token;
-- ITL  = every gap between consecutive chunks (one chunk is usually one token).
+- ITL  = every gap between consecutive chunks (one chunk per SSE event).
+
+An SSE event carries every token the server made since its previous event (the stream
+contract of ``minibatch serve`` and vLLM, ``minibatch/serving/server.py``): a busy server
+or a reader that falls behind sees fewer, larger events, so a request has at most as
+many chunks as tokens, and ITL one gap per chunk after the first. This client never
+merges events, even several that arrive in one read.
 
 Output tokens are the server's ``usage.completion_tokens`` (``stream_options.include_usage``),
 else the number of token chunks. Goodput counts requests that meet every SLO given
@@ -224,7 +230,9 @@ def run_benchmark(**kwargs) -> dict:
         except BaseException as e:  # re-raised in the caller's thread
             box["error"] = e
 
-    t = threading.Thread(target=target, name="minibatch-bench")
+    # A daemon: if the caller is interrupted (a notebook cell stopped), the run must not keep the
+    # kernel from exiting at shutdown.
+    t = threading.Thread(target=target, name="minibatch-bench", daemon=True)
     t.start()
     t.join()
     if "error" in box:

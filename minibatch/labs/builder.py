@@ -249,6 +249,10 @@ def execute(nb: nbformat.NotebookNode, cwd: str | Path, timeout: int = 300,
 
     NotebookClient = _client_class()
 
+    # shutdown_kernel="immediate": once the last cell is done the kernel is killed (SIGKILL to its
+    # process group, a bounded wait), never asked to exit: a kernel's Python exits only after every
+    # non-daemon thread a notebook left running has ended, which may be never
+    # (tests/test_notebook_shutdown.py; nbval stops its kernels the same way).
     run_nb = nb
     reset = new_code_cell(_RESET)
     if km is not None:

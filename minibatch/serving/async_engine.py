@@ -143,14 +143,18 @@ class AsyncEngine:
         self.num_in_flight = 0                   # event-loop side: admitted, not yet finished
         self.gauges = self._gauges()             # snapshot published by the engine thread
         self.error: BaseException | None = None
+        self._dead = False                       # the engine thread died
         self._thread = threading.Thread(target=self._run, name="minibatch-engine", daemon=True)
         self._thread.start()
 
     # -- API (any thread / the event loop) ------------------------------------------------
     async def add_request(self, prompt, params: SamplingParams, request_id: str) -> RequestStream:
-        """Queue a request; raises ``ValueError`` naming the problem if it is invalid."""
+        """Queue a request; raises ``ValueError`` naming the problem if it is invalid, and
+        ``RuntimeError`` if the engine is shutting down or has stopped."""
         if self._stopping:
             raise RuntimeError("the engine is shutting down")
+        if not self.is_alive:
+            raise RuntimeError(self.failure)
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_id, loop, on_done=self._on_stream_done)
         fut: concurrent.futures.Future = concurrent.futures.Future()
@@ -177,7 +181,20 @@ class AsyncEngine:
 
     @property
     def is_alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and not self._dead
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine is unhealthy, or ``None``: its thread has stopped, or a step failed
+        in a way that could not be pinned on a request (every request then in flight was
+        failed, and the engine's state is suspect: the process should be restarted)."""
+        if self._dead or not self._thread.is_alive():
+            if self._stopping and self.error is None:
+                return "the engine has been shut down"
+            return f"the engine thread has stopped: {_describe(self.error)}"
+        if self.error is not None:
+            return f"the engine failed a step: {_describe(self.error)}"
+        return None
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Abort whatever is still running, deliver the ends, and stop the thread."""
@@ -198,11 +215,38 @@ class AsyncEngine:
 
     def _submit(self, command: tuple) -> None:
         with self._cv:
+            if self._dead:              # nobody will ever apply it
+                if command[0] == "add" and command[-1].set_running_or_notify_cancel():
+                    command[-1].set_exception(RuntimeError(self.failure))
+                return
             self._commands.append(command)
             self._cv.notify()
 
     # -- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # the thread dies: end every stream, refuse what comes next
+            logger.exception("the engine thread died")
+            self.error = e
+            self._die(f"engine error: {_describe(e)}")
+
+    def _die(self, error: str) -> None:
+        with self._cv:
+            self._dead = True
+            late, self._commands = list(self._commands), deque()
+        for cmd in late:
+            if cmd[0] == "add" and cmd[-1].set_running_or_notify_cancel():
+                cmd[-1].set_exception(RuntimeError(self.failure))
+        tracks, self._tracks = list(self._tracks.values()), {}
+        for track in tracks:
+            try:
+                track.stream.loop.call_soon_threadsafe(
+                    _apply_updates, [(track.stream, "", [], ("abort", None, error, None))])
+            except RuntimeError:    # that event loop is closed
+                pass
+
+    def _loop(self) -> None:
         engine = self.engine
         idle_wait = None
         while True:
@@ -226,8 +270,8 @@ class AsyncEngine:
                 num_steps = len(engine.steps)
                 try:
                     touched = engine.step()
-                except Exception as e:  # keep serving: fail the requests in flight, not the server
-                    logger.exception("engine step failed")
+                except Exception as e:  # not pinned on a request (LLMEngine isolates those): fail
+                    logger.exception("engine step failed")  # what is in flight, keep serving, go unhealthy
                     self.error = e
                     self._fail_all(f"engine error: {type(e).__name__}: {e}")
                 if len(engine.steps) == num_steps:      # nothing could run this turn
@@ -330,6 +374,10 @@ class AsyncEngine:
                 "kv_used_blocks": e.kv.num_used_blocks, "kv_total_blocks": e.kv.num_blocks,
                 "kv_usage": e.kv.usage, "preemptions": e.scheduler.num_preemptions,
                 "prefix_queries": e.kv.prefix_queries, "prefix_hits": e.kv.prefix_hits}
+
+
+def _describe(e: BaseException | None) -> str:
+    return "no error recorded" if e is None else f"{type(e).__name__}: {e}"[:500]
 
 
 def _apply_updates(updates: list) -> None:

@@ -30,7 +30,8 @@ series, in which ``vllm:gpu_cache_usage_perc`` is the deprecated alias of
 minibatch's own, under ``minibatch:``: ``num_requests_in_flight`` (HTTP requests admitted and
 not finished), ``kv_cache_used_blocks``, ``kv_cache_total_blocks`` and
 ``request_rejected_total`` (refused before the engine, by ``reason``: overload, invalid,
-unauthorized).
+unauthorized, too_large (413), timeout (408), host (a Host header not allowed), media_type
+(415), disconnected (the client left while sending its body)).
 
 Counters and histograms are fed by the engine's events (on the engine thread);
 gauges and the engine's cumulative counters come from the snapshot the engine thread
@@ -51,7 +52,8 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
                            60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 FINISH_REASONS = ("stop", "length", "abort", "rejected")
-REJECTION_REASONS = ("overload", "invalid", "unauthorized")
+REJECTION_REASONS = ("overload", "invalid", "unauthorized", "too_large", "timeout", "host", "media_type",
+                     "disconnected")
 LABELS = ("model_name", "engine")
 
 

@@ -1,12 +1,21 @@
 """The OpenAI HTTP API, the subset ``minibatch serve`` speaks: request checks and response shapes.
 
 Requests are plain JSON objects, checked field by field so that every mistake gets a
-400 whose message names the field (as OpenAI and vLLM do), in the error shape
-``{"error": {"message", "type", "param", "code"}}``. Supported: ``/v1/completions`` and
-``/v1/chat/completions`` with ``n=1``, ``prompt`` (a string, a list of token ids, or a
-one-element list of either), ``messages``, ``max_tokens`` (``max_completion_tokens``),
-``temperature``, ``top_p``, ``top_k``, ``stop``, ``stop_token_ids``, ``seed``,
-``ignore_eos`` (vLLM extensions), ``stream`` and ``stream_options.include_usage``.
+4xx whose message names the field (as OpenAI and vLLM do), in the error shape
+``{"error": {"message", "type", "param", "code"}}``. The sampling fields go through the
+one validator the ``LLM`` API uses too (:func:`minibatch.sampling_params.validate_sampling`:
+type, range, finiteness). Supported: ``/v1/completions`` and ``/v1/chat/completions``
+with ``n=1``, ``prompt`` (a string, a list of token ids, or a one-element list of either),
+``messages``, ``max_tokens`` (``max_completion_tokens``), ``temperature``, ``top_p``,
+``top_k``, ``stop``, ``stop_token_ids``, ``seed``, ``ignore_eos`` (vLLM extensions),
+``stream`` and ``stream_options.include_usage``.
+
+What OpenAI clients send by default is accepted (``logprobs: false``, ``tools: []``,
+``tool_choice: "none"``, ``response_format: {"type": "text"}``, zero penalties, ...).
+Any other value of an option that would change the answer but is not implemented
+(:data:`UNSUPPORTED`: logprobs, tools, JSON output modes, penalties, ...) is refused
+with a 400 naming it, never silently ignored. Fields the API defines as metadata
+(``user``, ``metadata``, ...) are ignored.
 
 Chat prompts use the tokenizer's chat template when it has one (the tiny model's is
 ChatML). Without one, :data:`PLAIN_CHAT_TEMPLATE` applies: one ``"{role}: {content}"``
@@ -18,30 +27,44 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from minibatch.sampling_params import SamplingParams
+from minibatch.sampling_params import InvalidParameter, SamplingParams, is_int, show
 
 PLAIN_CHAT_TEMPLATE = "{role}: {content}\n"   # per message; the prompt ends with "assistant:"
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-# Options that would change the answer but are not implemented: refuse rather than ignore.
-UNSUPPORTED = {"echo": False, "suffix": None, "logprobs": None, "top_logprobs": None,
-               "tools": None, "best_of": 1, "frequency_penalty": 0, "presence_penalty": 0,
-               "repetition_penalty": 1, "logit_bias": None}
+# Options that would change the answer but are not implemented: each one's accepted values
+# (what clients send to mean "off"); anything else is refused rather than ignored.
+UNSUPPORTED = {
+    "echo": (False,), "suffix": ("",), "logprobs": (False,), "top_logprobs": (0,), "best_of": (1,),
+    "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
+    "min_p": (0,), "min_tokens": (0,), "prompt_logprobs": (), "use_beam_search": (False,),
+    "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
+    "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": (),
+    "guided_grammar": (), "structured_outputs": (), "modalities": (["text"],), "audio": (), "prediction": (),
+}
+WHY_UNSUPPORTED = {
+    "response_format": "this server does not constrain its output to JSON; only {'type': 'text'} is accepted",
+    "tools": "this server does not call tools; only an empty list is accepted",
+    "tool_choice": "this server does not call tools; only 'none' (or 'auto' without tools) is accepted",
+    "logprobs": "this server does not return log probabilities",
+    "top_logprobs": "this server does not return log probabilities",
+}
 
 
 class APIError(Exception):
-    """An error answered in OpenAI's shape."""
+    """An error answered in OpenAI's shape (``headers``: extra response headers)."""
 
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+                 param: str | None = None, code: str | None = None, headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code if self.code is not None else str(self.status)}}
 
 
-def bad(param: str, message: str) -> APIError:
+def bad(param: str | None, message: str) -> APIError:
     return APIError(400, message, param=param)
 
 
@@ -51,19 +74,22 @@ class GenerationRequest:
 
     chat: bool
     model: str | None
-    prompt: str | list[int]
+    prompt: str | list[int]            # text, token ids, or (chat) the rendered conversation
     params: SamplingParams
     stream: bool
     include_usage: bool
+    messages: list[dict] | None = None
 
 
 # -- field checks -----------------------------------------------------------------------
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def _same(value, accepted) -> bool:
+    """``value == accepted`` without Python's ``False == 0 == 0.0`` (types must agree,
+    but an int and a float of the same value are the same number)."""
+    if isinstance(value, bool) or isinstance(accepted, bool):
+        return isinstance(value, bool) and isinstance(accepted, bool) and value == accepted
+    if isinstance(value, (int, float)) and isinstance(accepted, (int, float)):
+        return value == accepted
+    return type(value) is type(accepted) and value == accepted
 
 
 def _typed(body: dict, name: str, check, expected: str, default=None):
@@ -71,12 +97,33 @@ def _typed(body: dict, name: str, check, expected: str, default=None):
     if value is None:
         return default
     if not check(value):
-        raise bad(name, f"'{name}' must be {expected}, got {type(value).__name__} {value!r:.60}")
+        raise bad(name, f"'{name}' must be {expected}, got {type(value).__name__} {show(value)}")
     return value
 
 
 def _token_ids(v) -> bool:
-    return isinstance(v, list) and all(_is_int(t) for t in v)
+    return isinstance(v, list) and all(is_int(t) for t in v)
+
+
+def find_lone_surrogate(body) -> str | None:
+    """The top-level field of the first string holding a lone UTF-16 surrogate (``"\\ud800"``
+    is valid JSON but not text: it cannot be tokenized nor encoded as UTF-8), or None.
+    Iterative, so a deeply nested body cannot exhaust the stack."""
+    todo = [(None, body)]
+    while todo:
+        top, v = todo.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return top or "(body)"
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                todo.append((top or k, k))
+                todo.append((top or k, x))
+        elif isinstance(v, list):
+            todo.extend((top, x) for x in v)
+    return None
 
 
 def _prompt(body: dict) -> str | list[int]:
@@ -126,7 +173,9 @@ def _messages(body: dict) -> list[dict]:
             raise bad("messages", f"messages[{i}] must be an object with 'role' and 'content'")
         role = m.get("role")
         if role not in CHAT_ROLES:
-            raise bad("messages", f"messages[{i}].role must be one of {list(CHAT_ROLES)}, got {role!r}")
+            raise bad("messages", f"messages[{i}].role must be one of {list(CHAT_ROLES)}, got {show(role)}")
+        if m.get("tool_calls"):
+            raise bad("messages", f"messages[{i}].tool_calls: this server does not call tools")
         out.append({"role": role, "content": _text_content(m.get("content"), i)})
     return out
 
@@ -141,49 +190,81 @@ def render_chat(messages: list[dict], tokenizer) -> str:
     return "".join(PLAIN_CHAT_TEMPLATE.format(**m) for m in messages) + "assistant:"
 
 
-def parse_request(body, chat: bool, tokenizer, default_max_tokens: int) -> GenerationRequest:
-    """Check a completions (``chat=False``) or chat completions request body."""
+def _check_unsupported(body: dict) -> None:
+    for name, accepted in UNSUPPORTED.items():
+        value = body.get(name)
+        if value is None or any(_same(value, a) for a in accepted):
+            continue
+        if name == "tool_choice" and body.get("tools"):
+            continue                                      # reported as 'tools'
+        why = WHY_UNSUPPORTED.get(name, "this option is not implemented by this server")
+        what = f"'{name}'={show(value)}"
+        if name == "response_format" and isinstance(value, dict) and "type" in value:
+            what = f"'response_format' type {show(value['type'])}"
+        raise bad(name, f"{what} is not supported: {why}")
+
+
+def parse_request(body, chat: bool, tokenizer=None, default_max_tokens: int = 16,
+                  render: bool = True) -> GenerationRequest:
+    """Check a completions (``chat=False``) or chat completions request body.
+
+    ``render``: render a chat's messages into ``prompt`` here (``False`` leaves ``prompt``
+    empty and the checked ``messages`` for the caller, e.g. to check their size first)."""
     if not isinstance(body, dict):
         raise bad(None, "the request body must be a JSON object")
-    for name, default in UNSUPPORTED.items():
-        if body.get(name) not in (None, default):
-            raise bad(name, f"'{name}' is not supported by this server")
-    n = _typed(body, "n", _is_int, "an integer", 1)
+    _check_unsupported(body)
+    n = _typed(body, "n", is_int, "an integer", 1)
     if n != 1:
-        raise bad("n", f"'n' must be 1 (this server returns one choice per request), got {n}")
+        raise bad("n", f"'n' must be 1 (this server returns one choice per request), got {show(n)}")
     model = _typed(body, "model", lambda v: isinstance(v, str), "a string")
-    prompt = render_chat(_messages(body), tokenizer) if chat else _prompt(body)
-    max_tokens = _typed(body, "max_tokens", _is_int, "an integer")
-    if chat and max_tokens is None:
-        max_tokens = _typed(body, "max_completion_tokens", _is_int, "an integer")
+    messages = _messages(body) if chat else None
+    prompt = (render_chat(messages, tokenizer) if render else "") if chat else _prompt(body)
+    max_name = "max_tokens"
+    max_tokens = body.get("max_tokens")
+    if chat and max_tokens is None and body.get("max_completion_tokens") is not None:
+        max_name, max_tokens = "max_completion_tokens", body["max_completion_tokens"]
     if max_tokens is None:
         # OpenAI's completions default is 16; chat runs to the end of the context (as vLLM).
         max_tokens = default_max_tokens if chat else 16
-    if max_tokens <= 0:
-        raise bad("max_tokens", f"'max_tokens' must be at least 1, got {max_tokens}")
-    stop = body.get("stop")
-    if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list)
-                                                           and all(isinstance(s, str) for s in stop))):
-        raise bad("stop", "'stop' must be a string or a list of strings")
     stream_options = _typed(body, "stream_options", lambda v: isinstance(v, dict), "an object", {})
-    kw = dict(
-        temperature=_typed(body, "temperature", _is_number, "a number", 1.0),
-        top_p=_typed(body, "top_p", _is_number, "a number", 1.0),
-        top_k=_typed(body, "top_k", _is_int, "an integer", -1),
-        seed=_typed(body, "seed", _is_int, "an integer"),
-        ignore_eos=_typed(body, "ignore_eos", lambda v: isinstance(v, bool), "a boolean", False),
-        stop_token_ids=_typed(body, "stop_token_ids", _token_ids, "a list of token ids", []),
-        max_tokens=max_tokens, stop=stop)
+
+    def given(name, default):
+        value = body.get(name)
+        return default if value is None else value
+
+    kw = dict(temperature=given("temperature", 1.0), top_p=given("top_p", 1.0), top_k=given("top_k", -1),
+              seed=body.get("seed"), ignore_eos=given("ignore_eos", False),
+              stop_token_ids=given("stop_token_ids", []), max_tokens=max_tokens, stop=body.get("stop"))
     try:
         params = SamplingParams(**kw)
-    except ValueError as e:
-        name = next((k for k in kw if f" {k}=" in str(e)), None)
-        raise bad(name, str(e)) from None
+    except InvalidParameter as e:
+        name = max_name if e.param == "max_tokens" else e.param
+        raise bad(name, str(e).replace("max_tokens", name)) from None
     return GenerationRequest(
         chat=chat, model=model, prompt=prompt, params=params,
         stream=_typed(body, "stream", lambda v: isinstance(v, bool), "a boolean", False),
         include_usage=bool(_typed(stream_options, "include_usage", lambda v: isinstance(v, bool),
-                                  "a boolean", False)))
+                                  "a boolean", False)),
+        messages=messages)
+
+
+def max_prompt_chars(tokenizer, max_model_len: int) -> int | None:
+    """A number of characters above which a text prompt certainly has ``>= max_model_len``
+    tokens, so that it can be refused without tokenizing it (``None``: no such bound known).
+
+    One token covers at most ``L`` characters, ``L`` the longest vocabulary entry or added
+    token (a byte-level entry's length counts bytes, at least its characters). A
+    normaliser may shrink text before the model sees it (Unicode composition merges at
+    most a few code points into one), hence a factor 4 when the tokenizer has one."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        longest = max(len(k) for k in tokenizer.get_vocab())
+    except (AttributeError, TypeError, ValueError):
+        return None
+    factor = 1 if backend.normalizer is None else 4
+    return max_model_len * max(longest, 1) * factor
 
 
 # -- responses ------------------------------------------------------------------------------

@@ -75,9 +75,9 @@ def main(argv=None) -> int:
     print(f"\n{len(wl)} requests, {kw['model']} on {kw['hardware']}, policy {result.config['policy']}; "
           f"simulated in {time.perf_counter() - t:.1f} s")
     print(format_summary(summary))
-    rejected = [r for r in result.requests if r.finish_reason == "rejected"]
-    if rejected:
-        print(f"{len(rejected)} requests rejected, e.g.: {rejected[0].error}")
+    if summary["rejected"]:
+        print(f"{summary['rejected']} requests rejected: " +
+              ", ".join(f"{n} {reason}" for reason, n in summary["rejected_reasons"].items()))
     if args.out:
         result.to_json(args.out, slo or None)
         print(f"written to {args.out}")

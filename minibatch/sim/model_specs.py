@@ -152,7 +152,15 @@ _REGISTRY: dict[str, ModelSpec] = {m.name: m for m in [
     _spec("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, max_len=8192),     # meta-llama/Meta-Llama-3-8B
     _spec("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, max_len=8192),    # meta-llama/Meta-Llama-3-70B
     _spec("mistral-7b", 32, 4096, 32, 8, 14336, 32000, max_len=32768),     # mistralai/Mistral-7B-v0.1
-    _spec("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, max_len=32768),    # Qwen/Qwen2.5-7B-Instruct
+    # Long-context models (128k positions), for traces such as Mooncake's; config.json of each on
+    # the Hugging Face Hub: meta-llama/Llama-3.1-8B, meta-llama/Llama-3.1-70B, Qwen/Qwen2.5-7B,
+    # Qwen/Qwen2.5-14B, Qwen/Qwen2.5-32B (the Qwen2.5 -Instruct configs say 32768 positions, for
+    # the same shapes; their model cards serve 128k with YaRN).
+    _spec("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, max_len=131072),
+    _spec("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, max_len=131072),
+    _spec("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, max_len=131072),
+    _spec("qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064, max_len=131072),
+    _spec("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, max_len=131072),
     _spec("qwen3-0.6b", 28, 1024, 16, 8, 3072, 151936, d=128, tied=True, max_len=40960),  # Qwen/Qwen3-0.6B
     # minibatch's embedded model (minibatch/assets/tiny/config.json), float32 on CPU
     _spec("tiny", 4, 256, 8, 4, 688, 4096, tied=True, max_len=1024, dtype_bytes=4),
@@ -160,7 +168,9 @@ _REGISTRY: dict[str, ModelSpec] = {m.name: m for m in [
 
 _ALIASES = {"llama2-7b": "llama-2-7b", "llama2-13b": "llama-2-13b", "llama2-70b": "llama-2-70b",
             "llama-7b": "llama-2-7b", "llama-13b": "llama-2-13b", "llama3-8b": "llama-3-8b",
-            "llama3-70b": "llama-3-70b", "mistral-7b-v0.1": "mistral-7b"}
+            "llama3-70b": "llama-3-70b", "mistral-7b-v0.1": "mistral-7b", "llama3.1-8b": "llama-3.1-8b",
+            "llama3.1-70b": "llama-3.1-70b", "meta-llama-3.1-8b": "llama-3.1-8b",
+            "meta-llama-3.1-70b": "llama-3.1-70b"}
 
 
 def available_models() -> list[str]:

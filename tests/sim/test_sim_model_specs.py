@@ -30,7 +30,8 @@ QWEN3_06B_HF = {
 
 def test_registry_names():
     assert set(available_models()) >= {"llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b",
-                                       "llama-3-70b", "mistral-7b", "qwen2.5-7b", "qwen3-0.6b", "tiny"}
+                                       "llama-3-70b", "mistral-7b", "qwen2.5-7b", "qwen3-0.6b", "tiny",
+                                       "llama-3.1-8b", "llama-3.1-70b", "qwen2.5-14b", "qwen2.5-32b"}
 
 
 def test_kv_bytes_per_token():
@@ -42,6 +43,7 @@ def test_kv_bytes_per_token():
 @pytest.mark.parametrize("name, billions", [
     ("llama-2-7b", 6.74), ("llama-2-13b", 13.02), ("llama-2-70b", 68.98), ("llama-3-8b", 8.03),
     ("llama-3-70b", 70.55), ("mistral-7b", 7.24), ("qwen2.5-7b", 7.62), ("qwen3-0.6b", 0.596),
+    ("llama-3.1-8b", 8.03), ("llama-3.1-70b", 70.55), ("qwen2.5-14b", 14.7), ("qwen2.5-32b", 32.5),
 ])
 def test_parameter_counts_match_published_sizes(name, billions):
     spec = get_model_spec(name)
@@ -75,3 +77,15 @@ def test_bad_inputs():
         get_model_spec("gpt-5")
     with pytest.raises(ValueError, match="intermediate_size"):
         ModelSpec.from_hf_config({k: v for k, v in LLAMA2_7B_HF.items() if k != "intermediate_size"})
+
+
+@pytest.mark.parametrize("name, layers, kv_heads, head_dim, vocab", [
+    ("llama-3.1-8b", 32, 8, 128, 128256), ("llama-3.1-70b", 80, 8, 128, 128256),
+    ("qwen2.5-7b", 28, 4, 128, 152064), ("qwen2.5-14b", 48, 8, 128, 152064), ("qwen2.5-32b", 64, 8, 128, 152064),
+])
+def test_long_context_models_have_128k_positions_and_their_kv_shapes(name, layers, kv_heads, head_dim, vocab):
+    spec = get_model_spec(name)
+    assert spec.max_model_len == 131072 and spec.vocab_size == vocab
+    assert (spec.num_layers, spec.num_kv_heads, spec.head_dim) == (layers, kv_heads, head_dim)
+    assert spec.kv_bytes_per_token == 2 * layers * kv_heads * head_dim * 2
+    assert get_model_spec(name.replace("llama-3.1", "llama3.1")) is spec
