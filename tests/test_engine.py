@@ -40,10 +40,13 @@ class Scripted:
 
 
 class Chars:
-    """A tokenizer whose token ``i`` is the character ``chr(ord('a') + i - 10)`` (ids 10..35)."""
+    """A tokenizer whose token ``i`` is the character ``chr(ord('a') + i - 10)`` (ids 10..35);
+    a few ids decode to several characters at once (``MULTI``), as real BPE tokens do."""
+
+    MULTI = {40: "rs", 41: "xx", 42: "ab"}
 
     def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(ord("a") + i - 10) for i in ids if 10 <= i < 36)
+        return "".join(self.MULTI.get(i, chr(ord("a") + i - 10) if 10 <= i < 36 else "") for i in ids)
 
 
 def ids(text: str) -> list[int]:
@@ -153,6 +156,31 @@ def test_when_two_stop_strings_complete_at_once_the_earlier_position_wins():
     assert a.output_token_ids == ids("qrs")
 
 
+def test_a_stop_string_at_the_very_start_of_the_output():
+    e = engine(script={"a": ids("xyz")}, tokenizer=True)
+    e.add_request([10, 11], greedy(stop=["x"]), request_id="a")
+    drain(e)
+    a = e.requests["a"]
+    assert a.output_text == "" and a.stop_reason == "x" and a.output_token_ids == ids("x")
+
+
+def test_a_token_holding_the_stop_twice_is_cut_at_the_first():
+    e = engine(script={"a": ids("q") + [41, 12]}, tokenizer=True)      # "q", "xx", ...
+    e.add_request([10, 11], greedy(stop=["x"]), request_id="a")
+    drain(e)
+    a = e.requests["a"]
+    assert a.output_text == "q" and a.stop_reason == "x" and a.output_token_ids == [ids("q")[0], 41]
+
+
+def test_two_stop_strings_at_the_same_position_the_first_listed_wins():
+    for stops, reason in ((["rs", "r"], "rs"), (["r", "rs"], "r")):
+        e = engine(script={"a": ids("q") + [40, 12]}, tokenizer=True)  # "q", "rs" in one token
+        e.add_request([10, 11], greedy(stop=stops), request_id="a")
+        drain(e)
+        a = e.requests["a"]
+        assert a.output_text == "q" and a.stop_reason == reason, (stops, a.stop_reason)
+
+
 def test_a_stop_string_spanning_several_tokens():
     e = engine(script={"a": ids("qrstu")}, tokenizer=True)
     e.add_request([10, 11], greedy(stop=["rst"]), request_id="a")
@@ -215,8 +243,12 @@ def test_reject_records_the_request_with_its_error_and_loses_nothing():
     e = engine(events=events)
     r = e.reject([10, 11], greedy(), "too long", request_id="x", arrival_time=3.0)
     assert r.status is RequestStatus.REJECTED and r.error == "too long" and r.finish_time == 3.0
+    assert r.prompt_token_ids == [10, 11] and r.prompt is None and r.request_id == "x"
     assert e.finished[-1] is r
     assert [(ev, t) for ev, t, rid in events] == [("arrival", 3.0), ("reject", 3.0)]
+    text = e.reject("some text", greedy(), "no tokenizer")
+    assert text.prompt == "some text" and text.prompt_token_ids == []
+    assert text.arrival_time == e.clock.now() and text.request_id != "x"
 
 
 # -- validation ----------------------------------------------------------------------------------------------
@@ -253,3 +285,56 @@ def test_duplicate_request_ids_are_refused():
     with pytest.raises(ValueError, match="duplicate"):
         e.add_request([11], greedy(), request_id="a")
     assert e.num_waiting == 1
+
+
+# -- a step that fails ---------------------------------------------------------------------------------
+class Poisoned(Scripted):
+    """A batch fails while it holds a poisoned request; each request alone runs as usual."""
+
+    def __init__(self, poison, **kw):
+        super().__init__(**kw)
+        self.poison = set(poison)
+        self.calls = 0
+
+    def execute(self, batch, kv):
+        self.calls += 1
+        bad = [r.request_id for r, _ in batch.items if r.request_id in self.poison]
+        if bad:
+            raise OverflowError(f"poisoned row {bad[0]}")
+        return super().execute(batch, kv)
+
+
+def poisoned_engine(poison):
+    ex = Poisoned(poison)
+    return LLMEngine(EngineConfig.from_kwargs(block_size=4), clock="virtual", executor=ex), ex
+
+
+def test_a_lone_request_whose_step_fails_is_aborted_with_its_error_in_one_call():
+    e, ex = poisoned_engine({"p"})
+    e.add_request([10, 11, 12], greedy(), request_id="p")
+    touched = e.step()
+    p = e.requests["p"]
+    assert ex.calls == 1                                   # alone: no second try
+    assert [r.request_id for r in touched] == ["p"] and p.status is RequestStatus.FINISHED_ABORTED
+    assert p.error == "engine error in this request's step: OverflowError: poisoned row p"
+    assert p.output_token_ids == [] and e.kv.num_used_blocks == 0
+    assert e.steps[-1].duration == 0.0 and e.clock.now() == 0.0   # nothing was computed
+
+
+def test_a_failing_request_in_a_batch_is_aborted_alone_and_the_others_step_as_usual():
+    e, ex = poisoned_engine({"p"})
+    for rid in ("p", "a", "b"):                            # the poisoned one first in the batch
+        e.add_request([10, 11, 12], greedy(max_tokens=2), request_id=rid)
+    touched = e.step()
+    # One failed batch call, then one call per request: two healthy ones took a step each.
+    assert ex.calls == 1 + 3
+    assert e.requests["p"].status is RequestStatus.FINISHED_ABORTED and "poisoned row p" in e.requests["p"].error
+    for rid in ("a", "b"):
+        r = e.requests[rid]
+        assert r.output_token_ids == [5] and r.num_computed_tokens == 3 and r.status is RequestStatus.RUNNING
+    assert sorted(r.request_id for r in touched) == ["a", "b", "p"]
+    step = e.steps[-1]
+    assert (step.duration, step.forward_time) == (2 * STEP_S, 2 * STEP_S)   # the two runs that computed
+    drain(e)
+    assert [e.requests[r].output_token_ids for r in ("a", "b")] == [[5, 5], [5, 5]]
+    assert e.kv.num_free_blocks == e.kv.num_blocks

@@ -327,3 +327,40 @@ def test_guaranteed_no_evict_never_preempts_with_prefix_hits_in_a_run():
 def test_admission_modes_other_than_max_utilization_never_evict(mode):
     s = make(admission=mode)
     assert s.admission.evicts == (mode == "max_utilization")
+
+
+def test_the_victim_can_be_the_very_next_request_in_the_order():
+    s = make(num_blocks=2)
+    a, b = req("a", 4), req("b", 3)
+    running(s, a, b)                                     # a: 1 block, must grow; b: 1 block; none free
+    batch = step(s)
+    assert batch.preempted == [b] and items(batch) == [("a", 1)]
+
+
+def test_preemptions_are_counted_per_request():
+    s = make(num_blocks=8)
+    x = req("x", 2)
+    running(s, x)
+    s._preempt(x, 0.0)
+    assert x.num_preemptions == 1 and s.waiting[0] is x
+    step(s)                                              # x is admitted again, recomputes
+    assert x.status is RequestStatus.RUNNING
+    s._preempt(x, 0.0)
+    assert x.num_preemptions == 2                        # counted, not just flagged
+
+
+def test_final_len_is_capped_by_max_model_len():
+    s = make(max_model_len=64)
+    assert s.final_len(req("a", 60, max_tokens=10)) == 64       # 70 tokens asked, 64 allowed
+    assert s.final_len(req("b", 10, max_tokens=10)) == 20
+    uncapped = Scheduler(s.config, s.kv, max_model_len=None)
+    assert uncapped.final_len(req("c", 60, max_tokens=10)) == 70
+
+
+def test_a_batch_prices_decodes_and_prefill_chunks_for_the_cost_model():
+    s = make(max_num_batched_tokens=8)
+    running(s, req("a", 4))                              # a decodes next: context 5
+    s.add(req("b", 12))                                  # b: a chunk of 7 of its 12 tokens
+    batch = s.schedule(0.0)
+    assert batch.shape() == ([(7, 7)], [5])
+    assert batch.token_counts() == (1, 7) and batch.num_tokens == 8
