@@ -57,7 +57,7 @@ print("simulated server:", make_cost_model("llama-2-7b", "a100-80g"))
 # 算完之后 `num_computed_tokens` 加上 $n_i$；两个计数器一旦相等，请求就采样出下一个 Token，`num_tokens` 随之加一，差值又回到 1。
 # 用模拟器跑 4 个同时到达的请求，Token 预算很小、KV 池也故意给得很小（于是会切块、会抢占），逐步记下两个计数器：
 
-# %%
+# %% tags=["nbval-check-output"]
 DEMO = dict(num_kv_blocks=60, block_size=16, max_num_batched_tokens=256, max_num_seqs=8)
 eng = LLMEngine(EngineConfig.from_kwargs(**SIM, **DEMO), clock="virtual")
 SPECS = {"R0": (400, 60), "R1": (300, 120), "R2": (200, 80), "R3": (250, 40)}   # prompt tokens, output tokens
@@ -125,7 +125,7 @@ victim = preempted[0]
 # 1. `Worker.init_device`（`vllm/v1/worker/gpu_worker.py`）：`requested_memory = total_memory * gpu_memory_utilization`——
 #    利用率乘的是**显卡总显存**，不是空闲显存；若启动时空闲显存少于它，直接报错。
 # 2. `Worker.determine_available_memory`（同一文件）：可用于 KV 的字节数 = `requested_memory - non_kv_cache_memory`，
-#    其中 `non_kv_cache_memory` = 权重 + 激活峰值（`torch_peak_increase`）+ 非 torch 分配的增量（NCCL、CUDA Graph 等；
+#    其中 `non_kv_cache_memory` = 权重 + 激活峰值（`torch_peak_increase`）+ 非 torch 分配的增量（NCCL 与某些注意力后端的缓冲区；
 #    `memory_profiling`，`vllm/utils/__init__.py`）。
 # 3. `get_num_blocks`（`vllm/v1/core/kv_cache_utils.py`）：`num_blocks = available_memory // page_size // num_layers`，
 #    每层每块的字节数 `page_size = 2 * block_size * num_kv_heads * head_size * dtype_bytes`（`AttentionSpec.page_size_bytes`，
@@ -268,7 +268,7 @@ print(f"chat workload: prompt p50 {wl_stats['input_p50']:.0f}, output p50 {wl_st
 #   {{RATE_LO:g}}–{{RATE_HI:g}} req/s 之间二分搜索（相对分辨率 {{TOL:.0%}}，所以不同种子常落在同一个值上）；
 #   每个配置用 {{len(SEEDS)}} 个随机种子（不同的到达与长度）各搜一次，报告均值与范围。
 
-# %%
+# %% tags=["nbval-check-output"]
 
 
 def attainment(rate, seed, **cfg):
@@ -337,14 +337,15 @@ print(f"at {RATE:g} req/s: {in_system:.0f} requests in the system on average; pr
 #
 # - **`max_num_seqs`**：16 个序列时容量只有 {{cap["max_num_seqs"][16]:.2f}} req/s。由 Little 定律（第 3 章），这个负载在
 #   {{RATE:g}} req/s 下系统里平均有 $\lambda \cdot \overline{E2E}$ = {{RATE:g}} × {{little["e2e_mean"]:.1f}} ≈ {{in_system:.0f}} 个请求；
-#   序列上限低于它，多出来的请求只能排队，TTFT 随之爆炸。32 时容量为 {{cap["max_num_seqs"][32]:.2f}} req/s，已接近默认的 256；再调大不再有影响。
+#   序列上限低于它，多出来的请求只能排队，TTFT 随之爆炸。32 时容量为 {{cap["max_num_seqs"][32]:.2f}} req/s，已接近默认 256 的
+#   {{c_def:.2f}} req/s：上限一旦高于系统里的平均请求数，再调大的收益就很小。
 # - **`gpu_memory_utilization`**：0.3 时 KV 只有 {{BLOCKS_U[0.3]:,}} 个块，容量降到 {{cap["gpu_memory_utilization"][0.3]:.2f}} req/s——
 #   块不够时请求被抢占、重算（{{RATE:g}} req/s 时稳态窗口内有 {{low_kv["num_preemptions"]}} 次抢占，0.9 时为 {{little["num_preemptions"]}} 次），
 #   序列数实际上被 KV 限制住了；0.5 时 {{BLOCKS_U[0.5]:,}} 个块，容量为 {{cap["gpu_memory_utilization"][0.5]:.2f}} req/s。
 # - **`max_num_batched_tokens`**：预算 256 时容量为 {{cap["max_num_batched_tokens"][256]:.2f}} req/s：提示要切成太多块，TTFT 变长；
 #   512 时 {{cap["max_num_batched_tokens"][512]:.2f}} req/s，是这组里{{"最高" if best_budget == 512 else "较高"}}的；
 #   2048 与 8192 几乎相同（{{cap["max_num_batched_tokens"][2048]:.2f}} 与 {{cap["max_num_batched_tokens"][8192]:.2f}} req/s）——
-#   提示长度很少超过 2048，更大的预算只是让长提示一步算完，而这一步会拖慢同批所有请求的解码，TPOT 超标。
+#   这份样本里 90% 的提示短于 {{wl_stats["input_p90"]:.0f}} Token，更大的预算只是让少数长提示一步算完，而这一步会拖慢同批所有请求的解码，TPOT 超标。
 #   这是第 11 章分块预填充的主题：预算就是分块大小，它在 TTFT 与 TPOT 之间取舍。
 #
 # 预算的取舍看一个固定到达率下的延迟分布更清楚（{{RATE:g}} req/s，稳态，{{len(SEEDS)}} 个种子的均值）：

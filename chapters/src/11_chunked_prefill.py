@@ -46,7 +46,7 @@ torch.set_num_threads(1)
 # 分别用两种方式运行模拟的 Llama-2-7B / A100-80G：**不分块**（`enable_chunked_prefill=False`，预算 {{OFF["max_num_batched_tokens"]}}
 # 足以一步放下整段提示）与**分块**（预算 {{CHUNK}}：每步最多 {{CHUNK}} 个新 Token）。
 
-# %%
+# %% tags=["nbval-check-output"]
 def stall_workload(long_prompt=STALL["long_prompt"], num_decoders=STALL["num_decoders"], at=STALL["at"]):
     specs = [RequestSpec(0.0, DECODER_PROMPT, DECODER_OUTPUT, request_id=f"d{i}") for i in range(num_decoders)]
     return Workload(specs + [RequestSpec(at, long_prompt, 16, request_id="long")], name="stall")
@@ -143,7 +143,7 @@ for name, (res, _) in stall.items():
 #   最多 28.3 倍，分块后则紧得多。（论文的 TBT，Time Between Tokens，即本课程的 ITL。）
 # - **预算怎么定（§4.3）。** 预算小，每步短、TBT 低，但分块过细：GPU 利用率下降，且每块都要重读前面各块的 KV。
 #   还要对齐 GEMM 的 Tile：论文观察到块大小 257 比 256 的预填充时间最多长 32%（Tile Quantization）。
-#   论文用 Vidur 模拟器为每种部署选预算；评测中严格 SLO 用 512、宽松 SLO 用 2048（§5.1）。§5.4.1（Figure 14）测得
+#   论文用 Vidur 模拟器为每种部署选预算；评测中严格 SLO 用 512、宽松 SLO 用 2048（LLaMA2-70B 宽松时用 1536，以减少流水线气泡；§5.1）。§5.4.1（Figure 14）测得
 #   块大小 512 时分块的额外开销至多约 25%，2048 时几乎可以忽略。
 # - **效果。** 在 P99 TBT 的 SLO 下，服务容量相对 vLLM 提高：Mistral-7B（1×A100）2.6 倍，Yi-34B（2×A100）最多 3.7 倍（摘要、§5.1 Figure 10）；
 #   严格 SLO（100 ms，Mistral-7B）下用预算 512 比 vLLM 高 3.5 倍，宽松 SLO（1 s，Yi-34B）下用 2048 高 1.65 倍（§5.2，Figure 12）。
@@ -151,8 +151,8 @@ for name, (res, _) in stall.items():
 #   两者结合，TTFT 0.76 s、P99 TBT 0.14 s，两项都好。
 #
 # **minibatch 里的无停顿批处理。** `continuous` 策略把运行中的请求按进入批次的先后排在前面、等待的请求排在后面（第 5、9 章）；
-# 调度器沿这个顺序分预算，放不下的预填充只拿剩下的预算（分块）。在先来先服务下，进行中的那一段预填充总是运行队列里最后进入的请求
-# （它之后没有剩余预算，不会再有别的请求进入），所以每一步的顺序正是 Algorithm 3 的顺序：解码、进行中的预填充、新请求。
+# 调度器沿这个顺序分预算，放不下的预填充只拿剩下的预算（分块）。在先来先服务下，进行中的那一段预填充就是运行队列里最后进入的请求
+# （它拿走了剩下的全部预算，同一步里不会再有别的请求进入），所以每一步的顺序就是 Algorithm 3 的顺序：解码、进行中的预填充、新请求。
 # 11.1 节的两次运行里，没有一个正在解码的请求被跳过（单元格里的 `stalls` 为 0）。
 #
 # ## 11.3 分块大小的取舍：稳态下的 TTFT 与 ITL 尾部
@@ -229,7 +229,7 @@ CAP_SEEDS, CAP_N, CAP_TARGET = (1, 2), 160, 0.9
 # **严格 TPOT**（TTFT ≤ {{SLOS["strict TPOT"]["ttft"]:g}} s、TPOT ≤ {{SLOS["strict TPOT"]["tpot"] * 1e3:.0f}} ms，像聊天界面）与
 # **严格 TTFT**（TTFT ≤ {{SLOS["strict TTFT"]["ttft"]:g}} s、TPOT ≤ {{SLOS["strict TTFT"]["tpot"] * 1e3:.0f}} ms，像要尽快出第一个字、之后读得慢的应用）。
 
-# %%
+# %% tags=["nbval-check-output"]
 CAP_CONFIGS = {k: CONFIGS[k] for k in ("off", 256, 512, 1024, 2048)}
 
 
