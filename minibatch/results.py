@@ -20,6 +20,12 @@ last blocks; time-weighted over steps), ``prefix_cache_hit_rate`` (prompt tokens
 from the prefix cache at each request's first admission / prompt tokens of admitted
 requests). Goodput counts, per second, the requests that meet every bound of an SLO such
 as ``{"ttft": 0.8, "tpot": 0.05}`` (seconds).
+
+Steady state: ``summarize(..., trim=0.1)`` keeps only the requests that arrived in the
+middle 80% of the arrival span (:func:`steady_state`), so that the warm-up (an empty
+engine) and the drain (no more arrivals) do not count; its goodput is then the SLO-meeting
+requests of that window per second of the window. :func:`capacity` is DistServe's: the
+highest request rate at which at least ``target`` of the requests meet the SLO.
 """
 
 from __future__ import annotations
@@ -229,10 +235,63 @@ def meets_slo(rec, slo: dict[str, float]) -> bool:
     return True
 
 
+def steady_window(records, trim: float = 0.1) -> tuple[float, float]:
+    """``(t_lo, t_hi)``: the middle ``1 - 2 * trim`` of the span of the requests' arrival times."""
+    if not 0 <= trim < 0.5:
+        raise ValueError(f"trim must be in [0, 0.5), got {trim!r}")
+    times = [r.arrival_time for r in records]
+    if not times:
+        return 0.0, 0.0
+    t0, t1 = min(times), max(times)
+    return t0 + trim * (t1 - t0), t1 - trim * (t1 - t0)
+
+
+def steady_state(records, trim: float = 0.1) -> list:
+    """The requests that arrived in the middle ``1 - 2 * trim`` of the arrival span (default:
+    the middle 80%): what a steady-state measurement keeps, leaving out the warm-up (the
+    first arrivals meet an empty engine) and the drain (the last ones meet no competition)."""
+    lo, hi = steady_window(records, trim)
+    return [r for r in records if lo <= r.arrival_time <= hi]
+
+
+def capacity(attainment_at, target: float = 0.9, lo: float = 0.5, hi: float = 16.0,
+             tol: float = 0.05) -> float:
+    """The highest request rate (req/s) at which ``attainment_at(rate) >= target`` (DistServe's
+    capacity), by bisection between ``lo`` and ``hi`` to a relative tolerance ``tol``.
+
+    ``attainment_at(rate)`` runs the workload at that rate and returns the fraction of
+    (steady-state) requests that met the SLO; it is assumed to fall as the rate grows.
+    Returns 0.0 if even ``lo`` misses the target, and ``hi`` if ``hi`` meets it.
+    """
+    if not 0 < lo < hi:
+        raise ValueError(f"need 0 < lo < hi, got lo={lo!r}, hi={hi!r}")
+    if attainment_at(lo) < target:
+        return 0.0
+    if attainment_at(hi) >= target:
+        return hi
+    while hi - lo > tol * lo:
+        mid = (lo * hi) ** 0.5          # geometric: the same relative step at any scale
+        if attainment_at(mid) >= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def summarize(records: list[RequestRecord], steps: list[StepRecord] | None = None,
-              slo: dict[str, float] | None = None) -> dict:
-    """The flat summary dict of a run (see module docstring for the definitions)."""
+              slo: dict[str, float] | None = None, trim: float = 0.0) -> dict:
+    """The flat summary dict of a run (see module docstring for the definitions).
+
+    ``trim > 0`` summarizes the steady state only: the requests of :func:`steady_state`
+    and the steps that started in their arrival window; goodput is then per second of
+    that window.
+    """
     steps = steps or []
+    window = None
+    if trim:
+        window = steady_window(records, trim)
+        records = steady_state(records, trim)
+        steps = [s for s in steps if window[0] <= s.start_time <= window[1]]
     done = [r for r in records if r.completed]
     out: dict = {"num_requests": len(records), "completed": len(done),
                  "failed": sum(1 for r in records if r.finish_reason in ("abort", "rejected"))}
@@ -261,7 +320,8 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord] | None = Non
     _stats("queue_delay", [r.queue_delay for r in done], out)
     if slo:
         good = sum(1 for r in done if meets_slo(r, slo))
-        out["goodput"] = good / duration if duration > 0 else 0.0
+        span = duration if window is None else window[1] - window[0]
+        out["goodput"] = good / span if span > 0 else 0.0
         out["slo_attainment"] = good / len(records) if records else 0.0
     prompt_total = sum(r.prompt_len for r in records if r.first_scheduled_time is not None)
     out["prefix_cache_hit_rate"] = (sum(r.num_cached_tokens for r in records) / prompt_total
@@ -302,8 +362,9 @@ class RunResult:
     wall_time_s: float = 0.0
     extra: dict = field(default_factory=dict)
 
-    def summary(self, slo: dict[str, float] | None = None) -> dict:
-        return summarize(self.requests, self.steps, slo)
+    def summary(self, slo: dict[str, float] | None = None, trim: float = 0.0) -> dict:
+        """:func:`summarize` of this run; ``trim=0.1`` for the steady state (middle 80% of arrivals)."""
+        return summarize(self.requests, self.steps, slo, trim)
 
     def to_json(self, path=None, slo=None) -> str:
         data = {"summary": self.summary(slo), "config": self.config,

@@ -13,7 +13,7 @@ import pytest
 
 from minibatch.labs import Lab, find_lab, labs_dir, list_labs
 from minibatch.labs.__main__ import main as labs_main
-from minibatch.labs.builder import build_lab, make_notebook, shared_kernel
+from minibatch.labs.builder import build_lab, make_notebook, shared_kernel, template_of
 from minibatch.labs.grader import grade
 from minibatch.labs.source import LabSourceError, parse
 
@@ -29,7 +29,9 @@ def kernel():
 
 
 def _cells(nb):
-    return [(c.cell_type, c.get("id"), c.source, list(c.get("metadata", {}).get("tags", []))) for c in nb.cells]
+    """Each cell as the source builds it: a Markdown cell with prose fields by its template (the key stores the
+    filled text, with the template in its metadata)."""
+    return [(c.cell_type, c.get("id"), template_of(c), list(c.get("metadata", {}).get("tags", []))) for c in nb.cells]
 
 
 def test_the_course_labs_exist():
@@ -42,6 +44,10 @@ def test_the_course_labs_exist():
 @pytest.mark.parametrize("lab", LABS, ids=IDS)
 def test_notebooks_are_in_sync_with_the_source(lab: Lab):
     """Rebuilding from labs/src gives the stored cells; the learner keeps the key's outputs."""
+    _assert_in_sync(lab)
+
+
+def _assert_in_sync(lab: Lab) -> None:
     src = lab.source()
     key = nbformat.read(str(lab.key_path), as_version=4)
     learner = nbformat.read(str(lab.notebook_path), as_version=4)
@@ -51,18 +57,25 @@ def test_notebooks_are_in_sync_with_the_source(lab: Lab):
         f"{lab.key_path.name} is stale: run `python -m minibatch.labs build {lab.lab_id}`"
     assert _cells(learner) == _cells(make_notebook(src, "learner")), \
         f"{lab.notebook_path.name} is stale: run `python -m minibatch.labs build {lab.lab_id}`"
-    for k, l in zip(key.cells, learner.cells):
-        if k.cell_type == "code":
-            assert k.outputs == l.outputs, f"cell {k.id}: the learner notebook must show the key's outputs"
+    shown = {c.get("id"): c for c in learner.cells}             # the key's hidden check cells are not shown
+    for k in key.cells:
+        if k.cell_type == "code" and k.get("id") in shown:
+            assert k.outputs == shown[k.id].outputs, f"cell {k.id}: the learner notebook must show the key's outputs"
+    assert all(c.get("id") in {k.get("id") for k in key.cells} for c in learner.cells)
     assert key.metadata["minibatch_lab"]["role"] == "key"
     assert learner.metadata["minibatch_lab"]["role"] == "learner"
     assert key.metadata["kernelspec"]["name"] == "python3"
     stubs = [c.source for c in learner.cells if c.cell_type == "code" and "raise NotImplementedError" in c.source]
     assert len(stubs) == len({c.cell_id for c in src.cells if c.tasks})
-    figures = sum("image/png" in o.get("data", {}) for c in key.cells if c.cell_type == "code" for o in c.outputs)
-    assert figures >= 1, "every lab shows at least one figure"
     for c in key.cells:
         assert "sys.path" not in c.source, "notebooks import the installed package"
+
+
+@pytest.mark.parametrize("lab", LABS, ids=IDS)
+def test_every_lab_shows_a_figure(lab: Lab):
+    key = nbformat.read(str(lab.key_path), as_version=4)
+    figures = sum("image/png" in o.get("data", {}) for c in key.cells if c.cell_type == "code" for o in c.outputs)
+    assert figures >= 1, "every lab shows at least one figure"
 
 
 @pytest.mark.parametrize("lab", LABS, ids=IDS)
@@ -119,6 +132,8 @@ print(round(root(double(8)), 3))
 import random
 for x in random.Random(1).sample(range(1000), 5):
     assert double(x) == 2 * x, f"double({x}) should be {2 * x}, got {double(x)}"
+# %% [markdown]
+# double(21) = {{double(21)}}, pi = {{math.pi:.2f}}
 '''
 
 
@@ -154,6 +169,14 @@ def test_build_writes_a_stubbed_learner_notebook_and_an_executed_key(mini):
     assert task2 == 'def root(x):\n    # hint: math.sqrt\n    raise NotImplementedError("L07 · task 2")'
     check2 = next(c for c in learner.cells if c.id == "check-2")
     assert check2.outputs[0]["text"] == "4.0\n", "the learner sees the reference output"
+
+
+def test_prose_fields_and_hidden_cells_keep_the_notebooks_in_sync(mini):
+    """A Markdown cell with prose fields is stored filled (its template in the metadata), a hidden check
+    cell is left out of the learner notebook: both still match the source."""
+    key = nbformat.read(str(mini.key_path), as_version=4)
+    assert key.cells[-1].source == "double(21) = 42, pi = 3.14"
+    _assert_in_sync(mini)
 
 
 def test_grader_reports_each_task(mini, kernel, tmp_path):

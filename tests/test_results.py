@@ -1,0 +1,62 @@
+"""Steady-state summaries and capacity (minibatch.results)."""
+
+from __future__ import annotations
+
+import pytest
+
+from minibatch.results import RequestRecord, capacity, steady_state, steady_window, summarize
+
+
+def _rec(i: float, ttft: float) -> RequestRecord:
+    """A request arriving at ``i`` with two tokens, the first ``ttft`` after arrival."""
+    return RequestRecord(f"r{i}", arrival_time=float(i), prompt_len=8, output_len=2, first_scheduled_time=i,
+                         first_token_time=i + ttft, finish_time=i + ttft + 0.1,
+                         token_times=[i + ttft, i + ttft + 0.1], finish_reason="length")
+
+
+def test_steady_state_keeps_the_middle_of_the_arrival_span():
+    recs = [_rec(i, 0.5) for i in range(11)]            # arrivals 0, 1, ..., 10
+    assert steady_window(recs, 0.1) == pytest.approx((1.0, 9.0))
+    assert [r.arrival_time for r in steady_state(recs)] == [float(i) for i in range(1, 10)]
+    assert steady_state(recs, 0.0) == recs
+    assert steady_state([]) == []
+    with pytest.raises(ValueError):
+        steady_state(recs, 0.5)
+
+
+def test_trimmed_summary_counts_goodput_per_second_of_the_window():
+    # The warm-up request (t=0) is fast, the drain (t=10) too; the middle ones are slow except two.
+    recs = [_rec(i, 0.2 if i in (0, 10, 4, 6) else 3.0) for i in range(11)]
+    slo = {"ttft": 1.0}
+    full = summarize(recs, slo=slo)
+    steady = summarize(recs, slo=slo, trim=0.1)
+    assert full["num_requests"] == 11 and steady["num_requests"] == 9
+    assert full["slo_attainment"] == pytest.approx(4 / 11)
+    assert steady["slo_attainment"] == pytest.approx(2 / 9)    # the fast ends no longer count
+    assert steady["goodput"] == pytest.approx(2 / 8.0)          # 2 good requests over the window [1, 9]
+    assert summarize(recs, slo=slo, trim=0.0) == full
+
+
+def test_capacity_is_the_highest_rate_meeting_the_target():
+    def knee(at):
+        return lambda rate: 1.0 if rate <= at else 0.5
+
+    c = capacity(knee(3.3), target=0.9, lo=0.5, hi=16.0, tol=0.01)
+    assert 3.3 * 0.99 <= c <= 3.3
+    assert capacity(knee(0.1), lo=0.5) == 0.0                   # even the lowest rate fails
+    assert capacity(knee(100.0), hi=16.0) == 16.0               # the highest rate still meets it
+    with pytest.raises(ValueError):
+        capacity(knee(1.0), lo=2.0, hi=1.0)
+
+
+def test_run_summary_trim_on_a_simulated_run():
+    from minibatch.runner import run
+    from minibatch.workload import fixed, synthetic
+
+    res = run(synthetic(50, 10.0, input_len=fixed(64), output_len=fixed(8), seed=0),
+              executor="sim", model="llama-2-7b", hardware="a100-80g")
+    lo, hi = steady_window(res.requests)
+    s = res.summary(slo={"ttft": 1.0}, trim=0.1)
+    assert s["num_requests"] == sum(1 for r in res.requests if lo <= r.arrival_time <= hi) < 50
+    assert s["slo_attainment"] == 1.0
+    assert s["num_steps"] == sum(1 for st in res.steps if lo <= st.start_time <= hi)
