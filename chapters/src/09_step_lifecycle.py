@@ -104,7 +104,7 @@ plt.show()
 # 它只有几十行，先通读一遍（中间的簿记略去）：
 
 # %%
-excerpt(LLMEngine.step, "def step", "policy.on_step(batch.items, now)")
+excerpt(LLMEngine.step, "def step", "policy.on_step(")
 
 # %% [markdown]
 # ## 9.2 一个可以逐步复盘的实验
@@ -328,11 +328,12 @@ n_rows = len(trace["inputs"][k]["ids"])
 # %% [markdown]
 # 第 {{k}} 步一共 {{n_rows}} 行（每个新 Token 一行；全部步都如此，上面的单元格断言了“行数 = 本步 Token 数、解码行在前”）。
 # 模型每一层先按 `slot_mapping` 把新 K/V 写进缓存，再做注意力；`execute` 只在需要采样的行上算 LM Head 的 logits，
-# 再交给采样器：
+# 再交给采样器。某一行的采样若出错（例如一个请求的参数让采样器溢出），只有这一行的请求记入 `failed`，
+# 引擎中止它并附上错误，其余请求照常拿到 Token（“一个坏请求不拖垮别人”）：
 
 # %%
 excerpt(ModelExecutor.execute, "input_ids, positions, meta, sample_idx, sample_reqs = self.prepare(batch, kv)",
-        "sampled = list(zip(sample_reqs, sample(logits, sample_reqs)))")
+        "failed = [(sample_reqs[i], describe_error(e)) for i, e in errors.items()]")
 
 # %% [markdown]
 # ## 9.7 采样与更新：Token、停止条件、事件

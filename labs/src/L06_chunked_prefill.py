@@ -1,5 +1,5 @@
 # %% [markdown]
-# # L06 · Token 预算下的分块预填充
+# # L06 · Token 预算下的分块预填充（Chunked Prefill）
 #
 # 对应章节：第 11 章《分块预填充（Chunked Prefill）与混合批》（另见第 9、10 章）。
 #
