@@ -579,10 +579,10 @@ def test_lpm_orders_waiting_by_cached_prefix_plus_aging():
 
 
 def test_lpm_default_aging_is_100_tokens_per_second():
-    # A cold request that waited 2 s more scores 200; a cached prefix of 201 tokens still
-    # wins, one of 199 no longer does.
+    # A cold request that arrived 2 s earlier scores 200 more for its age: it ranks ahead of
+    # a cached prefix of 199 or 200 tokens (a tie: the earlier arrival), not of 201.
     cold, hot = rq("cold", arrival=0.0), rq("hot", arrival=2.0)
-    for cached, first in [(201, "hot"), (199, "cold")]:
+    for cached, first in [(201, "hot"), (200, "cold"), (199, "cold")]:
         order = LPMPolicy().schedule_order(state(2.0, waiting=[cold, hot], kv=FakeKV({"hot": cached})))
         assert ids(order)[0] == first, cached
 
