@@ -289,6 +289,16 @@ def test_sjf_key_ages_by_tokens_per_second_waited():
     assert SJFPolicy(aging_tokens_per_s=0).key(rq("r", prompt=8, max_tokens=8, arrival=1.0), 3.0) == (16, 1.0)
 
 
+def test_sjf_aging_bound_newcomers_do_not_overtake_after_s_minus_1_over_rate():
+    # x: remaining 1 + 100 = 101, so (101 - 1) / 50 = 2 s. Keys at now t: x 101 - 50 t,
+    # z (arrived at 1.0, 2 left) 52 - 50 t, y (arrived at 2.0, 2 left) 102 - 50 t: z stays
+    # ahead of x however long they wait, y never gets ahead.
+    x = rq("x", prompt=1, max_tokens=100, arrival=0.0)
+    z, y = rq("z", prompt=1, max_tokens=1, arrival=1.0), rq("y", prompt=1, max_tokens=1, arrival=2.0)
+    for now in (2.0, 10.0):
+        assert ids(SJFPolicy().schedule_order(state(now, waiting=[y, x, z]))) == ["z", "x", "y"], now
+
+
 def test_sjf_predicts_once_per_request_as_an_int():
     calls = []
 
