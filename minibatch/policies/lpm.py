@@ -14,9 +14,9 @@ requests. It needs ``enable_prefix_caching=True``; without it every score is its
 alone and the order is FCFS.
 
 Aging guard: pure LPM can starve a cache-cold request forever while requests sharing a
-hot prefix keep arriving. With aging, a request with no cached prefix outranks one
-with a cached prefix of ``p`` tokens that arrived at the same time as it after
-``p / aging_tokens_per_s`` seconds of waiting.
+hot prefix keep arriving. With aging, a request with no cached prefix ranks ahead of
+every request with a cached prefix of ``p`` tokens that arrived ``p / aging_tokens_per_s``
+seconds or more after it (ties go to the earlier arrival).
 """
 
 from __future__ import annotations

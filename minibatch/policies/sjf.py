@@ -16,8 +16,9 @@ to Rank*, 2024).
 Aging (so nothing starves): the key falls by ``aging_tokens_per_s`` per second
 waited. Every key of a fresh request is >= 1, so a request of remaining work ``S``
 ranks ahead of every request that arrives after it once it has waited
-``(S - 1) / aging_tokens_per_s`` seconds; from then on it waits only for requests
-older than itself. ``aging_tokens_per_s=0`` is pure SJF.
+``(S - 1) / aging_tokens_per_s`` seconds; from then on no newcomer overtakes it: it
+waits only for requests that arrived before then (shorter ones that arrived after it,
+within that time, may stay ahead). ``aging_tokens_per_s=0`` is pure SJF.
 
 Non-preemptive by default (a running request keeps running; when KV runs short the
 running request with the most remaining work is preempted first, being last in the
