@@ -16,7 +16,9 @@ Engine-side keys, from the step timeline: ``num_preemptions`` (recompute + swap)
 batching: padded slot-steps / (padded + computing slot-steps); 0 for iteration-level
 policies), ``kv_reserved_unused_mean`` and ``kv_internal_waste_mean`` (fractions of the
 pool's slots: whole blocks reserved beyond requests' last tokens, and empty slots in
-last blocks; time-weighted over steps), ``prefix_cache_hit_rate`` (prompt tokens served
+last blocks; time-weighted over steps), ``kv_reserved_mean``, ``kv_internal_frag_mean`` and
+``kv_external_frag_mean`` (the vLLM paper's reserved slots, internal and external
+fragmentation, same weighting; see ``minibatch.kv_cache``), ``prefix_cache_hit_rate`` (prompt tokens served
 from the prefix cache at each request's first admission / prompt tokens of admitted
 requests). Goodput counts, per second, the requests that meet every bound of an SLO such
 as ``{"ttft": 0.8, "tpot": 0.05}`` (seconds).
@@ -280,6 +282,9 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord] | None = Non
         out["kv_util_max"] = float(max(u))
         out["kv_reserved_unused_mean"] = time_mean([s.kv_reserved_unused for s in steps])
         out["kv_internal_waste_mean"] = time_mean([s.kv_internal_waste for s in steps])
+        out["kv_reserved_mean"] = time_mean([s.kv_reserved for s in steps])
+        out["kv_internal_frag_mean"] = time_mean([s.kv_internal_frag for s in steps])
+        out["kv_external_frag_mean"] = time_mean([s.kv_external_frag for s in steps])
         out["num_steps"] = len(steps)
         out["mean_batch_size"] = float(np.mean([s.num_seqs for s in steps]))
         padded = sum(s.num_padded_slots for s in steps)
@@ -287,6 +292,7 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord] | None = Non
     else:
         out["kv_util_mean"] = out["kv_util_max"] = 0.0
         out["kv_reserved_unused_mean"] = out["kv_internal_waste_mean"] = out["padding_waste"] = 0.0
+        out["kv_reserved_mean"] = out["kv_internal_frag_mean"] = out["kv_external_frag_mean"] = 0.0
     return out
 
 
