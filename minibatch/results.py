@@ -21,7 +21,12 @@ last blocks; time-weighted over steps), ``kv_reserved_mean``, ``kv_internal_frag
 fragmentation, same weighting; see ``minibatch.kv_cache``), ``prefix_cache_hit_rate`` (prompt tokens served
 from the prefix cache at each request's first admission / prompt tokens of admitted
 requests). Goodput counts, per second, the requests that meet every bound of an SLO such
-as ``{"ttft": 0.8, "tpot": 0.05}`` (seconds).
+as ``{"ttft": 0.8, "tpot": 0.05}`` (seconds); ``slo_attainment`` is the share of requests
+that meet it, each request on its own (not a bound on the mean).
+
+Steady state (:func:`steady_summary`, ``RunResult.steady_summary``): the same keys over the
+requests that arrived after the warm-up and before the drain, throughput inside that
+window; :func:`capacity` is the highest rate of a sweep at which the attainment is >= a target.
 """
 
 from __future__ import annotations
@@ -296,6 +301,57 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord] | None = Non
     return out
 
 
+def steady_state(records: list[RequestRecord], drop: float = 0.2) -> tuple[list[RequestRecord], float, float]:
+    """The requests of the steady part of a run, and its window ``(t0, t1)``.
+
+    Requests are ordered by arrival; the first and the last ``drop`` of them (warm-up: the
+    batch and the queue still filling; drain: arrivals have stopped) are dropped. The
+    window runs from the first kept arrival to the last one."""
+    if not 0 <= drop < 0.5:
+        raise ValueError(f"drop must be in [0, 0.5), got {drop}")
+    recs = sorted(records, key=lambda r: r.arrival_time)
+    k = int(len(recs) * drop)
+    kept = recs[k:len(recs) - k] if k else recs
+    if not kept:
+        return [], 0.0, 0.0
+    return kept, kept[0].arrival_time, kept[-1].arrival_time
+
+
+def steady_summary(records: list[RequestRecord], slo: dict[str, float] | None = None,
+                   drop: float = 0.2) -> dict:
+    """:func:`summarize`'s keys over the steady part of a run (:func:`steady_state`).
+
+    Latencies, SLO attainment and goodput are those of the kept requests; throughput
+    counts what happened inside the window: output tokens (of every request) whose token
+    time falls in it, and requests that finished in it, over its length ``window_s``. In
+    overload the latencies still grow with the run's length (there is no steady state):
+    a longer run gives higher numbers; the throughput is then the saturation throughput."""
+    kept, t0, t1 = steady_state(records, drop)
+    out = summarize(kept, None, slo)
+    span = t1 - t0
+    out["window_s"] = span
+    if span > 0:
+        tokens = sum(1 for r in records for t in r.token_times if t0 <= t <= t1)
+        finished = sum(1 for r in records if r.completed and r.finish_time is not None and t0 <= r.finish_time <= t1)
+        out["throughput_tok_s"] = tokens / span
+        out["request_throughput"] = finished / span
+        if slo:
+            out["goodput"] = sum(1 for r in kept if meets_slo(r, slo)) / span
+    return out
+
+
+def capacity(rates, attainments, target: float = 0.9):
+    """The highest of ``rates`` (ascending) up to which every attainment is >= ``target``:
+    DistServe's capacity, "the highest rate at which >= target of requests meet the SLO",
+    on the rates tried. ``None`` if even the lowest one misses."""
+    best = None
+    for rate, att in zip(rates, attainments):
+        if att < target:
+            break
+        best = rate
+    return best
+
+
 @dataclass
 class RunResult:
     """What :func:`minibatch.run` returns: per-request records, the step timeline, the setup."""
@@ -310,6 +366,10 @@ class RunResult:
 
     def summary(self, slo: dict[str, float] | None = None) -> dict:
         return summarize(self.requests, self.steps, slo)
+
+    def steady_summary(self, slo: dict[str, float] | None = None, drop: float = 0.2) -> dict:
+        """The summary of the steady part of the run (:func:`steady_summary`)."""
+        return steady_summary(self.requests, slo, drop)
 
     def to_json(self, path=None, slo=None) -> str:
         data = {"summary": self.summary(slo), "config": self.config,
