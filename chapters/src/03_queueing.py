@@ -304,7 +304,7 @@ assert dev["G/G/1 (k=0.25)"] > max(dev["M/D/1"], dev["M/G/1"]), "the prose says 
 # A100 与显存小于 70 GiB 的卡上的默认值；同一版本的 `LLM` 类默认 8192 个 Token，H100 这类大显存卡上 `vllm serve` 默认
 # 1024 条序列、8192 个 Token——见 `vllm/engine/arg_utils.py` 的 `EngineArgs._set_default_args`）扫描请求速率。
 # 每个速率回放 600 个请求，按稳态统计（`RunResult.steady_summary`：去掉按到达顺序最先与最后的 20%，吞吐只数这段时间窗里
-# 完成的请求）；饱和吞吐取最高到达率（远超拐点）时稳态下的请求吞吐。
+# 完成的请求）；饱和吞吐取 KV Cache 用满之后各到达率下稳态请求吞吐的最大值。
 
 # %% tags=["nbval-check-output"]
 N_HS = 600
@@ -315,13 +315,14 @@ for rate in RATES:
     steady = r.steady_summary()
     steady["mean_batch_size"] = r.summary()["mean_batch_size"]
     sweep[rate] = (steady, max(st.kv_usage for st in r.steps))
-sat = sweep[RATES[-1]][0]                                  # far past the knee: the saturation throughput
+# the saturation throughput: the most the server completes once the KV cache is full
+sat = max((sweep[r][0] for r in RATES if sweep[r][1] >= 0.999), key=lambda st: st["request_throughput"])
 md_table(["offered rate", "throughput (req/s)", "mean batch", "peak KV use", "TTFT p50 (s)", "TTFT p99 (s)",
           "TPOT p50 (ms)", "E2E p50 (s)", "E2E p99 (s)"],
          [[f"{rate}", f"{s['request_throughput']:.2f}", f"{s['mean_batch_size']:.1f}", f"{kv:.0%}",
            f"{s['ttft_p50']:.3f}", f"{s['ttft_p99']:.2f}", f"{s['tpot_p50'] * 1e3:.0f}", f"{s['e2e_p50']:.2f}",
            f"{s['e2e_p99']:.2f}"] for rate, (s, kv) in sweep.items()])
-print(f"saturation throughput (steady, at {RATES[-1]} req/s offered): {sat['request_throughput']:.2f} req/s")
+print(f"saturation throughput (the highest steady throughput with the KV cache full): {sat['request_throughput']:.2f} req/s")
 
 # %%
 xs = np.array(RATES, dtype=float)
@@ -351,13 +352,16 @@ assert all(abs(sweep[r][0]["request_throughput"] / r - 1) < 0.1 for r in below),
     "the prose says throughput follows the offered rate before the knee"
 assert sweep[before][0]["tpot_p50"] > lo["tpot_p50"], "the prose says TPOT grows with the batch"
 assert sat["request_throughput"] < 0.9 * RATES[-1] and hi["ttft_p99"] > 10 * lo["ttft_p99"]
+assert all(sweep[r][0]["request_throughput"] <= sat["request_throughput"] for r in RATES if r >= knee), \
+    "the prose says throughput stops growing past the knee"
 
 # %% [markdown]
 # 从 {{RATES[0]}} req/s 到 {{before}} req/s，稳态吞吐跟随到达率（误差在 10% 以内），TTFT p50 始终在
 # {{lo['ttft_p50'] * 1e3:.0f}}–{{sweep[before][0]['ttft_p50'] * 1e3:.0f}} ms；但 E2E 已经在上升（TPOT p50 从
 # {{lo['tpot_p50'] * 1e3:.0f}} ms 涨到 {{sweep[before][0]['tpot_p50'] * 1e3:.0f}} ms）——这是批变大的代价。到 {{knee}} req/s，
-# KV Cache 第一次被用满，TTFT p99 跳到 {{sweep[knee][0]['ttft_p99']:.1f}} s；再往上，吞吐钉在饱和吞吐
-# （{{sat['request_throughput']:.1f}} req/s）附近，到 {{RATES[-1]}} req/s 时 TTFT p99 已达 {{hi['ttft_p99']:.1f}} s。
+# KV Cache 第一次被用满，TTFT p99 跳到 {{sweep[knee][0]['ttft_p99']:.1f}} s；再往上，吞吐不再增长，停在饱和吞吐
+# （{{sat['request_throughput']:.1f}} req/s）以下（{{RATES[-1]}} req/s 时只有 {{hi['request_throughput']:.1f}} req/s），
+# 到 {{RATES[-1]}} req/s 时 TTFT p99 已达 {{hi['ttft_p99']:.1f}} s。
 # 注意：超过饱和点后，队列随时间线性增长，这些尾延迟的数值取决于这次运行有多长（这里 {{N_HS}} 个请求）——跑得越久越糟，
 # 没有稳态；去掉预热与收尾也改变不了这一点，只有拐点左侧的数字才是稳态的数字。容量规划的第一原则因此是：
 # **把工作点放在拐点左侧并留出余量**，而不是追求 100% 利用率（第 19、30 章）。
