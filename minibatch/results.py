@@ -321,9 +321,10 @@ def steady_summary(records: list[RequestRecord], slo: dict[str, float] | None = 
                    drop: float = 0.2) -> dict:
     """:func:`summarize`'s keys over the steady part of a run (:func:`steady_state`).
 
-    Latencies, SLO attainment and goodput are those of the kept requests; throughput
-    counts what happened inside the window: output tokens (of every request) whose token
-    time falls in it, and requests that finished in it, over its length ``window_s``. In
+    Latencies and SLO attainment are those of the kept requests; throughput and goodput
+    count what happened inside the window: output tokens (of every request) whose token
+    time falls in it, and requests (and those of them that met the SLO) that finished in
+    it, over its length ``window_s``. In
     overload the latencies still grow with the run's length (there is no steady state):
     a longer run gives higher numbers; the throughput is then the saturation throughput."""
     kept, t0, t1 = steady_state(records, drop)
@@ -332,11 +333,11 @@ def steady_summary(records: list[RequestRecord], slo: dict[str, float] | None = 
     out["window_s"] = span
     if span > 0:
         tokens = sum(1 for r in records for t in r.token_times if t0 <= t <= t1)
-        finished = sum(1 for r in records if r.completed and r.finish_time is not None and t0 <= r.finish_time <= t1)
+        finished = [r for r in records if r.completed and r.finish_time is not None and t0 <= r.finish_time <= t1]
         out["throughput_tok_s"] = tokens / span
-        out["request_throughput"] = finished / span
+        out["request_throughput"] = len(finished) / span
         if slo:
-            out["goodput"] = sum(1 for r in kept if meets_slo(r, slo)) / span
+            out["goodput"] = sum(1 for r in finished if meets_slo(r, slo)) / span
     return out
 
 

@@ -47,3 +47,9 @@ def test_steady_throughput_follows_the_offered_rate_below_saturation():
     whole, steady = r.summary(), r.steady_summary()
     assert steady["request_throughput"] == pytest.approx(8.0, rel=0.1)
     assert whole["request_throughput"] < steady["request_throughput"] * 1.05
+
+
+def test_steady_goodput_never_exceeds_steady_throughput():
+    wl = synthetic(300, 6.0, input_len=uniform(100, 800), output_len=uniform(50, 300), seed=1)
+    s = run(wl, executor="sim", model="llama-2-7b", hardware="a100-80g").steady_summary(slo={"ttft": 0.5, "tpot": 0.05})
+    assert s["goodput"] <= s["request_throughput"]
