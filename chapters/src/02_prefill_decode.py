@@ -434,7 +434,7 @@ def show_breakdown(model="llama-2-7b", hardware="a100-80g", batch=32, context=51
     except ValueError as e:
         print(e)
         return
-    if not cm.fits(batch, context + prefill_tokens // max(batch, 1)):
+    if not cm.fits(batch, context):
         print(f"{batch} sequences of {context} tokens do not fit in the KV cache "
               f"(at most {cm.max_batch(context)}): the engine would preempt before such a step ran")
         return
@@ -491,8 +491,8 @@ W.interact(show_breakdown,
 #
 # <details><summary>提示与参考答案</summary>
 #
-# 1. $I = 2Mkn / ((kn + Mk + Mn)\,b)$：$M=1$ 时约 1，$M=64$ 时约 60，$M=4096$ 时约 1600（fp16）。A10 的有效脊点约 200、
-#    H100 约 400 FLOP/Byte（2.3 节的表）：$M=1$、64 在两者上都访存受限，$M=4096$ 都算力受限。
+# 1. $I = 2Mkn / ((kn + Mk + Mn)\,b)$：$M=1$ 时约 1，$M=64$ 时约 63，$M=4096$ 时约 1950（fp16）。A10 的有效脊点约 156、
+#    H100 约 226 FLOP/Byte（2.3 节的表）：$M=1$、64 在两者上都访存受限，$M=4096$ 都算力受限。
 #    `cm._gemm(M, 13824, 5120)` 给出对应的秒数。
 # 2. 差距几乎全在 `attention_decode`：GQA 的 KV 只有 MHA 的 8/32，每步读的 KV 少到 1/4；GEMM 一项相近。
 #    同样的原因，LLaMA-3-8B 能放下的序列数约是 LLaMA-2-7B 的 4 倍。

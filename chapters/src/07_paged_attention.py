@@ -1,7 +1,8 @@
 # %% [markdown]
 # # 第 7 章 PagedAttention：分页 KV 与块管理器
 #
-# 第 6 章量出了连续预分配（Contiguous Pre-allocation）的代价：大部分 KV 显存被“预留未用”和外部碎片吃掉，
+# 第 6 章量出了连续预分配（Contiguous Pre-allocation）的代价：按 vLLM 论文的定义，大部分 KV 显存是内部碎片（为请求占下、
+# 却直到它结束都用不上的槽位）与预留，预留大小不一时还有外部碎片，
 # 批大小和吞吐量随之缩水。vLLM 的 PagedAttention（Kwon et al., *Efficient Memory Management for Large Language
 # Model Serving with PagedAttention*, SOSP'23）借用操作系统的虚拟内存分页（Paging）思想解决了这个问题：
 # 把每条序列的 KV Cache 切成固定大小的**块**（Block），块在物理上可以散落在显存的任意位置，
