@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 
 PREEMPTION_MODES = ("recompute", "swap")
 KV_ALLOCATORS = ("paged", "contiguous")
+CONTIGUOUS_RESERVES = ("max_model_len", "request")
 EXECUTORS = ("model", "sim")
 ADMISSION_MODES = ("max_utilization", "guaranteed_no_evict", "conservative")
 ATTENTION_BACKENDS = ("torch", "triton", "cpu")
@@ -112,6 +113,9 @@ class EngineConfig:
     hardware: str | None = option(None, "simulator hardware, e.g. a100-80g, 4xa10, profile:FILE")
     kv_allocator: str = option("paged", "KV allocator (contiguous reserves max_model_len per request)",
                                KV_ALLOCATORS)
+    contiguous_reserve: str = option("max_model_len", "what a contiguous reservation holds: max_model_len for "
+                                     "every request, or each request's own min(prompt + max_tokens, "
+                                     "max_model_len)", CONTIGUOUS_RESERVES)
     device: str | None = option(None, "cpu or cuda (default: cuda if available)")
     dtype: str | None = option(None, "weight and KV dtype (default: bfloat16 on CUDA, float32 on CPU)", DTYPES)
     seed: int = option(0, "seed of the random weights and of unseeded sampling")

@@ -44,7 +44,8 @@ class LLMEngine:
             self.tokenizer = load_tokenizer(path)
         self.vocab_size = mc.vocab_size if mc is not None else None
         self.kv = KVCacheManager(self.config.num_kv_blocks, self.config.block_size, self.config.enable_prefix_caching,
-                                 allocator=self.config.kv_allocator, max_model_len=self.max_model_len)
+                                 allocator=self.config.kv_allocator, max_model_len=self.max_model_len,
+                                 contiguous_reserve=self.config.contiguous_reserve)
         self.scheduler = Scheduler(self.config, self.kv, max_model_len=self.max_model_len)
         if self.config.preemption_mode == "swap":
             from minibatch.swap import Swapper
@@ -169,6 +170,7 @@ class LLMEngine:
         """Run one step; return the requests that got a token or finished in it."""
         start = self.clock.now()
         batch = self.scheduler.schedule(start)
+        stranded = self.kv.take_stranded_blocks()      # external fragmentation in this schedule
         for req in batch.preempted:
             self._emit("preempt", req)
         if not batch:
@@ -206,6 +208,7 @@ class LLMEngine:
                 touched.append(req)
         policy.on_step(items, now)
         reserved, internal = self.kv.waste_slots(self.scheduler.running)
+        frag_reserved, frag_internal = self.kv.fragmentation_slots(self.scheduler.running)
         slots = self.kv.num_blocks * self.kv.block_size
         swapped_out, swapped_in = self._swap_counts_since_last_record()
         self.steps.append(StepRecord(
@@ -217,7 +220,9 @@ class LLMEngine:
             num_preempted=len(batch.preempted), kv_blocks_used=self.kv.num_used_blocks,
             kv_blocks_total=self.kv.num_blocks, policy=policy.name, num_padded_slots=num_padded,
             num_swapped_out_blocks=swapped_out, num_swapped_in_blocks=swapped_in,
-            kv_reserved_unused=reserved / slots, kv_internal_waste=internal / slots))
+            kv_reserved_unused=reserved / slots, kv_internal_waste=internal / slots,
+            kv_reserved=frag_reserved / slots, kv_internal_frag=frag_internal / slots,
+            kv_external_frag=stranded * self.kv.block_size / slots))
         return touched
 
     def _execute_isolated(self, batch, error: Exception):

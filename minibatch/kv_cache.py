@@ -14,17 +14,34 @@ request owns, as vLLM's block manager does (Kwon et al., *PagedAttention*, SOSP'
   radix tree (``minibatch.radix``) mirrors the same cached blocks for the ``lpm``
   policy, which asks how much of a waiting request is cached.
 
-Two allocators, for chapter 6's fragmentation measurements:
+Two allocators, for chapter 6's measurements of waste:
 
 * ``paged`` (default): blocks on demand, anywhere in the pool;
-* ``contiguous``: at admission a request reserves ``max_model_len`` tokens (rounded up
-  to blocks) as one run of consecutive blocks, as pre-paging systems (FasterTransformer,
-  Orca) reserved a contiguous KV buffer for the longest possible sequence.
+* ``contiguous``: at admission a request reserves one run of consecutive blocks, as
+  pre-paging systems (FasterTransformer, Orca) reserved a contiguous KV buffer. What it
+  reserves is ``contiguous_reserve``: ``"max_model_len"`` (default) for every request
+  (equal sizes), or ``"request"``, each request's own ``min(prompt + max_tokens,
+  max_model_len)`` (sizes differ, as in the chunk-reserving systems of the vLLM paper).
 
-:meth:`KVCacheManager.waste_slots` measures both kinds of waste: *reserved-but-unused*
-slots (whole blocks held beyond a request's last token: the contiguous allocator's
-reservation) and *internal* (last-block) waste (empty slots in the last, partly filled
-block: at most ``block_size - 1`` per request, the paged allocator's only waste).
+Two ways to count the waste:
+
+* :meth:`KVCacheManager.fragmentation_slots`, the vLLM paper's taxonomy (Kwon et al.,
+  SOSP'23, §3 and Figure 3): *reserved* slots are held for tokens the request will
+  still write; *internal fragmentation* are held slots it will never write (a
+  reservation beyond its final length, the tail of its last block); *external
+  fragmentation* is free memory that cannot serve a request because no run of free
+  blocks is long enough, although the free blocks together would be
+  (:meth:`KVCacheManager.take_stranded_blocks`, :meth:`BlockPool.longest_free_run`).
+  Equal-size reservations never fragment externally: what is left over when the pool
+  is not a multiple of the reservation is a rounding remainder, free but too small.
+  The final length is the request's planned one, ``min(prompt + max_tokens,
+  max_model_len)``; a request that stops early (EOS, a stop string) leaves the slots
+  between its actual and planned end counted as reserved while it ran.
+* :meth:`KVCacheManager.waste_slots`, by position in the table: *reserved-but-unused*
+  (whole blocks held beyond a request's last computed token) and *last-block waste*
+  (empty slots in its last, partly filled block: at most ``block_size - 1``). These are
+  ``StepRecord.kv_reserved_unused`` and ``kv_internal_waste``; the latter is not the
+  paper's internal fragmentation.
 """
 
 from __future__ import annotations
@@ -32,7 +49,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 
-from minibatch.config import KV_ALLOCATORS
+from minibatch.config import CONTIGUOUS_RESERVES, KV_ALLOCATORS
 from minibatch.radix import RadixTree
 from minibatch.request import Request
 
@@ -106,6 +123,16 @@ class BlockPool:
                 return run_start
         return None
 
+    def longest_free_run(self) -> int:
+        """Length of the longest run of consecutive free blocks."""
+        best = run_len = 0
+        prev = None
+        for block_id in sorted(self.free_queue):
+            run_len = run_len + 1 if prev is not None and block_id == prev + 1 else 1
+            best = max(best, run_len)
+            prev = block_id
+        return best
+
     def allocate_contiguous(self, n: int) -> list[int] | None:
         """``n`` consecutive blocks (first fit), or None if no free run is long enough."""
         start = self.find_contiguous(n)
@@ -162,9 +189,13 @@ class KVCacheManager:
     """Which blocks each request owns; allocation, freeing and prefix-cache hits."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
-                 allocator: str = "paged", max_model_len: int | None = None):
+                 allocator: str = "paged", max_model_len: int | None = None,
+                 contiguous_reserve: str = "max_model_len"):
         if allocator not in KV_ALLOCATORS:
             raise ValueError(f"unknown kv_allocator {allocator!r}; expected one of {KV_ALLOCATORS}")
+        if contiguous_reserve not in CONTIGUOUS_RESERVES:
+            raise ValueError(f"unknown contiguous_reserve {contiguous_reserve!r}; expected one of "
+                             f"{CONTIGUOUS_RESERVES}")
         if allocator == "contiguous":
             if enable_prefix_caching:
                 raise ValueError("prefix caching needs the paged allocator (kv_allocator='paged')")
@@ -173,6 +204,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.allocator = allocator
         self.max_model_len = max_model_len
+        self.contiguous_reserve = contiguous_reserve
         self.radix = RadixTree(block_size) if enable_prefix_caching else None
         self.pool = BlockPool(num_blocks, self.radix)
         self.enable_prefix_caching = enable_prefix_caching
@@ -181,6 +213,11 @@ class KVCacheManager:
         # Counters for the metrics (counted once per request, at its first admission).
         self.prefix_queries = 0
         self.prefix_hits = 0
+        # External fragmentation: contiguous reservations refused although the free blocks
+        # would have sufficed, and the free blocks at the last such refusal since the engine
+        # last asked (take_stranded_blocks).
+        self.num_fragmentation_refusals = 0
+        self._stranded_blocks = 0
 
     # -- sizes ------------------------------------------------------------------
     @property
@@ -204,10 +241,22 @@ class KVCacheManager:
 
     def blocks_for_request(self, num_tokens: int) -> int:
         """Blocks a request of ``num_tokens`` tokens holds at most: ``ceil(n / block_size)``
-        paged, ``ceil(max_model_len / block_size)`` contiguous (its whole reservation)."""
+        paged, its whole reservation contiguous (``ceil(max_model_len / block_size)``, or
+        ``ceil(min(n, max_model_len) / block_size)`` with ``contiguous_reserve="request"``)."""
         if self.allocator == "contiguous":
+            if self.contiguous_reserve == "request":
+                return self.blocks_for(min(num_tokens, self.max_model_len))
             return self.blocks_for(self.max_model_len)
         return self.blocks_for(num_tokens)
+
+    def planned_len(self, req: Request) -> int:
+        """The most tokens ``req`` can reach: ``min(prompt + max_tokens, max_model_len)``."""
+        n = req.num_prompt_tokens + req.sampling_params.max_tokens
+        return n if self.max_model_len is None else min(n, self.max_model_len)
+
+    def reserve_tokens(self, req: Request) -> int:
+        """Tokens the contiguous allocator reserves for ``req`` at admission."""
+        return self.planned_len(req) if self.contiguous_reserve == "request" else self.max_model_len
 
     def block_table(self, request_id: str) -> list[int]:
         return self.req_blocks.get(request_id, [])
@@ -271,13 +320,19 @@ class KVCacheManager:
 
         ``computed_blocks`` (a prefix hit, on a request's first allocation) are shared,
         not copied: they only gain a reference. The contiguous allocator reserves the
-        request's whole ``max_model_len`` on its first allocation, so it never grows.
+        request's whole reservation (:meth:`reserve_tokens`) on its first allocation, so
+        it never grows; a refusal although enough blocks are free is external
+        fragmentation, and is counted.
         """
         blocks = self.req_blocks.get(req.request_id)
         if blocks is None:
             if self.allocator == "contiguous":
-                run = self.pool.allocate_contiguous(self.blocks_for(self.max_model_len))
+                need = self.blocks_for(self.reserve_tokens(req))
+                run = self.pool.allocate_contiguous(need)
                 if run is None:
+                    if need <= self.pool.num_free_blocks:     # enough free blocks, no run that long
+                        self.num_fragmentation_refusals += 1
+                        self._stranded_blocks = self.pool.num_free_blocks
                     return False
                 self.req_blocks[req.request_id] = run
                 return True
@@ -328,6 +383,30 @@ class KVCacheManager:
             reserved += (k - filled) * bs
             internal += filled * bs - min(req.num_computed_tokens, filled * bs)
         return reserved, internal
+
+    def fragmentation_slots(self, requests) -> tuple[int, int]:
+        """``(reserved, internal_fragmentation)`` slots over ``requests``, as the vLLM paper
+        defines them (§3): of the ``k * B`` slots a request holds, those it will still write
+        are reserved, ``min(k * B, w) - c``, and those it will never write are internal
+        fragmentation, ``max(0, k * B - w)``; ``c`` its computed tokens, ``w`` the slots it
+        writes by its end, ``planned_len - 1`` (the last generated token's K/V is never
+        computed). Shared prefix blocks are full and written, so nothing counts twice."""
+        bs = self.block_size
+        reserved = internal = 0
+        for req in requests:
+            held = len(self.req_blocks.get(req.request_id, ())) * bs
+            if not held:
+                continue
+            final = max(self.planned_len(req) - 1, req.num_computed_tokens)
+            reserved += max(0, min(held, final) - req.num_computed_tokens)
+            internal += max(0, held - final)
+        return reserved, internal
+
+    def take_stranded_blocks(self) -> int:
+        """Free blocks at the last external-fragmentation refusal since the previous call
+        (0 if none): memory that sat free while a request that would fit in it waited."""
+        n, self._stranded_blocks = self._stranded_blocks, 0
+        return n
 
     def check_invariants(self) -> None:
         """free + used = total; every reference is held by exactly one table entry;

@@ -16,16 +16,21 @@ Engine-side keys, from the step timeline: ``num_preemptions`` (recompute + swap)
 batching: padded slot-steps / (padded + computing slot-steps); 0 for iteration-level
 policies), ``kv_reserved_unused_mean`` and ``kv_internal_waste_mean`` (fractions of the
 pool's slots: whole blocks reserved beyond requests' last tokens, and empty slots in
-last blocks; time-weighted over steps), ``prefix_cache_hit_rate`` (prompt tokens served
+last blocks; time-weighted over steps), ``kv_reserved_mean``, ``kv_internal_frag_mean`` and
+``kv_external_frag_mean`` (the vLLM paper's reserved slots, internal and external
+fragmentation, same weighting; see ``minibatch.kv_cache``), ``prefix_cache_hit_rate`` (prompt tokens served
 from the prefix cache at each request's first admission / prompt tokens of admitted
 requests). Goodput counts, per second, the requests that meet every bound of an SLO such
-as ``{"ttft": 0.8, "tpot": 0.05}`` (seconds).
+as ``{"ttft": 0.8, "tpot": 0.05}`` (seconds); ``slo_attainment`` is the share of requests
+that meet it, each request on its own (not a bound on the mean).
 
 Steady state: ``summarize(..., trim=0.1)`` keeps only the requests that arrived in the
 middle 80% of the arrival span (:func:`steady_state`), so that the warm-up (an empty
-engine) and the drain (no more arrivals) do not count; its goodput is then the SLO-meeting
-requests of that window per second of the window. :func:`capacity` is DistServe's: the
-highest request rate at which at least ``target`` of the requests meet the SLO.
+engine) and the drain (no more arrivals) do not count; throughput and goodput then count
+what happened inside that window (output tokens whose token time falls in it; requests,
+and those of them that met the SLO, that finished in it) per second of the window
+(``window_s``). :func:`capacity` is DistServe's: the highest request rate at which at least
+``target`` of the requests meet the SLO, by bisection or over a sweep.
 """
 
 from __future__ import annotations
@@ -254,24 +259,34 @@ def steady_state(records, trim: float = 0.1) -> list:
     return [r for r in records if lo <= r.arrival_time <= hi]
 
 
-def capacity(attainment_at, target: float = 0.9, lo: float = 0.5, hi: float = 16.0,
+def capacity(attainment, target: float = 0.9, lo: float = 0.5, hi: float = 16.0,
              tol: float = 0.05) -> float:
-    """The highest request rate (req/s) at which ``attainment_at(rate) >= target`` (DistServe's
-    capacity), by bisection between ``lo`` and ``hi`` to a relative tolerance ``tol``.
+    """The highest request rate (req/s) at which at least ``target`` of the requests meet the
+    SLO: DistServe's capacity.
 
-    ``attainment_at(rate)`` runs the workload at that rate and returns the fraction of
-    (steady-state) requests that met the SLO; it is assumed to fall as the rate grows.
-    Returns 0.0 if even ``lo`` misses the target, and ``hi`` if ``hi`` meets it.
+    ``attainment`` is either a function ``rate -> attainment`` (it runs the workload at that
+    rate and returns the fraction of steady-state requests that met the SLO; it is assumed
+    to fall as the rate grows), searched by bisection between ``lo`` and ``hi`` to a
+    relative tolerance ``tol``; or a sweep already run, a mapping ``{rate: attainment}``,
+    whose answer is the highest rate up to which every rate tried meets the target.
+    Returns 0.0 if even the lowest rate misses the target, and ``hi`` if ``hi`` meets it.
     """
+    if not callable(attainment):
+        best = 0.0
+        for rate, att in sorted(attainment.items()):
+            if att < target:
+                break
+            best = rate
+        return best
     if not 0 < lo < hi:
         raise ValueError(f"need 0 < lo < hi, got lo={lo!r}, hi={hi!r}")
-    if attainment_at(lo) < target:
+    if attainment(lo) < target:
         return 0.0
-    if attainment_at(hi) >= target:
+    if attainment(hi) >= target:
         return hi
     while hi - lo > tol * lo:
         mid = (lo * hi) ** 0.5          # geometric: the same relative step at any scale
-        if attainment_at(mid) >= target:
+        if attainment(mid) >= target:
             lo = mid
         else:
             hi = mid
@@ -282,12 +297,16 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord] | None = Non
               slo: dict[str, float] | None = None, trim: float = 0.0) -> dict:
     """The flat summary dict of a run (see module docstring for the definitions).
 
-    ``trim > 0`` summarizes the steady state only: the requests of :func:`steady_state`
-    and the steps that started in their arrival window; goodput is then per second of
-    that window.
+    ``trim > 0`` summarizes the steady state only: the latencies and attainment of the
+    requests of :func:`steady_state`, the steps that started in their arrival window, and
+    throughput and goodput counted inside that window (tokens whose token time falls in it;
+    requests, of all, that finished in it) per second of it. In overload the latencies
+    still grow with the run's length (there is no steady state); the throughput is then
+    the saturation throughput.
     """
     steps = steps or []
     window = None
+    everyone = records
     if trim:
         window = steady_window(records, trim)
         records = steady_state(records, trim)
@@ -318,11 +337,24 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord] | None = Non
     _stats("itl", [g for r in done for g in r.itl], out)
     _stats("e2e", [r.e2e for r in done], out)
     _stats("queue_delay", [r.queue_delay for r in done], out)
+    if window is not None:
+        t0, t1 = window
+        span = t1 - t0
+        out["window_s"] = span
+        finished = [r for r in everyone if r.completed and r.finish_time is not None and t0 <= r.finish_time <= t1]
+        out_in = sum(1 for r in everyone for t in r.token_times if t0 <= t <= t1)
+        in_in = sum(r.prompt_len for r in everyone if r.first_token_time is not None and t0 <= r.first_token_time <= t1)
+        out["request_throughput"] = len(finished) / span if span > 0 else 0.0
+        out["throughput_tok_s"] = out_in / span if span > 0 else 0.0
+        out["total_throughput_tok_s"] = (out_in + in_in) / span if span > 0 else 0.0
     if slo:
         good = sum(1 for r in done if meets_slo(r, slo))
-        span = duration if window is None else window[1] - window[0]
-        out["goodput"] = good / span if span > 0 else 0.0
         out["slo_attainment"] = good / len(records) if records else 0.0
+        if window is None:
+            out["goodput"] = good / duration if duration > 0 else 0.0
+        else:
+            good_in = sum(1 for r in finished if meets_slo(r, slo))
+            out["goodput"] = good_in / span if span > 0 else 0.0
     prompt_total = sum(r.prompt_len for r in records if r.first_scheduled_time is not None)
     out["prefix_cache_hit_rate"] = (sum(r.num_cached_tokens for r in records) / prompt_total
                                     if prompt_total else 0.0)
@@ -340,6 +372,9 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord] | None = Non
         out["kv_util_max"] = float(max(u))
         out["kv_reserved_unused_mean"] = time_mean([s.kv_reserved_unused for s in steps])
         out["kv_internal_waste_mean"] = time_mean([s.kv_internal_waste for s in steps])
+        out["kv_reserved_mean"] = time_mean([s.kv_reserved for s in steps])
+        out["kv_internal_frag_mean"] = time_mean([s.kv_internal_frag for s in steps])
+        out["kv_external_frag_mean"] = time_mean([s.kv_external_frag for s in steps])
         out["num_steps"] = len(steps)
         out["mean_batch_size"] = float(np.mean([s.num_seqs for s in steps]))
         padded = sum(s.num_padded_slots for s in steps)
@@ -347,6 +382,7 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord] | None = Non
     else:
         out["kv_util_mean"] = out["kv_util_max"] = 0.0
         out["kv_reserved_unused_mean"] = out["kv_internal_waste_mean"] = out["padding_waste"] = 0.0
+        out["kv_reserved_mean"] = out["kv_internal_frag_mean"] = out["kv_external_frag_mean"] = 0.0
     return out
 
 

@@ -12,7 +12,11 @@ class StepRecord:
     Padding (request-level batching, ``static``/``dynamic``): a batch keeps the slots of
     its finished members until its last member finishes; ``num_padded_slots`` counts
     those idle slots in this step. KV waste fractions are measured after the step over
-    the running requests (see ``KVCacheManager.waste_slots``).
+    the running requests: ``kv_reserved_unused`` and ``kv_internal_waste`` by position
+    in the block table (``KVCacheManager.waste_slots``); ``kv_reserved``,
+    ``kv_internal_frag`` and ``kv_external_frag`` as the vLLM paper (§3) defines reserved
+    slots, internal and external fragmentation (``KVCacheManager.fragmentation_slots``,
+    ``take_stranded_blocks``). All are fractions of the pool's slots.
     """
 
     step: int
@@ -35,6 +39,10 @@ class StepRecord:
     num_swapped_in_blocks: int = 0    # KV blocks copied host -> device (resume)
     kv_reserved_unused: float = 0.0   # whole blocks held beyond requests' last tokens / pool slots
     kv_internal_waste: float = 0.0    # empty slots in requests' last, partly filled blocks / pool slots
+    kv_reserved: float = 0.0          # held slots the requests will still write (vLLM §3 "reserved")
+    kv_internal_frag: float = 0.0     # held slots the requests will never write (vLLM §3)
+    kv_external_frag: float = 0.0     # free slots while a contiguous reservation that would fit in
+                                      # them in total found no run long enough (vLLM §3), else 0
 
     @property
     def kv_usage(self) -> float:

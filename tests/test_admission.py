@@ -93,7 +93,9 @@ def test_contiguous_reserves_max_model_len_as_one_run():
     assert kv.allocate_slots(c, 3) and kv.block_table("c") == [0, 1, 2, 3, 4, 5]   # first fit
 
 
-def test_contiguous_suffers_external_fragmentation():
+def test_contiguous_equal_reservations_leave_a_rounding_remainder():
+    # Equal-size reservations cannot fragment externally (vLLM §3): a refusal here is a full
+    # pool, and the block left over is the remainder of 16 blocks carved into runs of 5.
     kv = KVCacheManager(16, 4, allocator="contiguous", max_model_len=20)   # 5 blocks per request
     reqs = [_req(f"r{i}", 4, 4) for i in range(3)]
     for r in reqs:
@@ -105,6 +107,7 @@ def test_contiguous_suffers_external_fragmentation():
     y = _req("y", 4, 4)
     assert kv.allocate_slots(y, 4) and kv.block_table("y") == [0, 1, 2, 3, 4]
     assert not kv.allocate_slots(_req("w", 4, 4), 4)                       # 1 block free, not 5
+    assert kv.num_fragmentation_refusals == 0 and kv.take_stranded_blocks() == 0
 
 
 def test_contiguous_paged_fragmentation_in_the_step_timeline():

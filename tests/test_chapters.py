@@ -45,3 +45,16 @@ def test_chapter_structure_and_language(src):
     assert len(re.findall(r"[\u4e00-\u9fff]", md)) > 500, "chapter prose should be in Simplified Chinese"
     assert "sys.path" not in text, "notebooks import the package, no sys.path tricks"
     assert "import minibatch" in text or "from minibatch" in text
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=[s.stem for s in SOURCES])
+def test_prose_lives_in_markdown_and_exercises_have_hints(src):
+    """Conventions learned from reviewing stage 1 (shared COURSE.md): prose is a Markdown cell whose
+    numbers come in as {{expr:spec}} fields, never a paragraph built in code; exercises end with
+    collapsed hints or worked solutions."""
+    text = src.read_text(encoding="utf-8")
+    assert "display(Markdown(" not in text, \
+        f"{src.name}: write prose as a Markdown cell with {{{{expr:spec}}}} fields, not display(Markdown(...))"
+    exercises = text[text.rindex("# ## 练习"):]
+    assert "<details>" in exercises and "</details>" in exercises, \
+        f"{src.name}: the exercises need hints or worked solutions in a <details> block"

@@ -60,3 +60,55 @@ def test_run_summary_trim_on_a_simulated_run():
     assert s["num_requests"] == sum(1 for r in res.requests if lo <= r.arrival_time <= hi) < 50
     assert s["slo_attainment"] == 1.0
     assert s["num_steps"] == sum(1 for st in res.steps if lo <= st.start_time <= hi)
+
+
+def _run_rec(i, arrival, ttft=0.1, n=5, gap=0.01):
+    first = arrival + ttft
+    times = [first + k * gap for k in range(n)]
+    return RequestRecord(str(i), arrival, 10, n, first_scheduled_time=arrival, first_token_time=first,
+                         finish_time=times[-1], token_times=times, finish_reason="length")
+
+
+def test_trimmed_summary_counts_throughput_inside_the_window():
+    # arrivals 0..9, window [1.8, 7.2] at trim=0.2; the two first are slow (warm-up).
+    recs = [_run_rec(i, float(i), ttft=9.0 if i < 2 else 0.1) for i in range(10)]
+    s = summarize(recs, slo={"ttft": 1.0}, trim=0.2)
+    assert s["num_requests"] == 6 and s["slo_attainment"] == 1.0        # arrivals 2..7
+    assert s["window_s"] == pytest.approx(5.4)
+    # tokens inside [1.8, 7.2]: requests 2..7, 5 each (i + 0.1 .. i + 0.14); requests 0 and 1
+    # (slow: tokens from 9.0 and 10.0) and 8, 9 (after the window) have none inside.
+    assert s["throughput_tok_s"] == pytest.approx(30 / 5.4)
+    # finished inside: requests 2..7 (finish i + 0.14); all meet the TTFT bound
+    assert s["request_throughput"] == pytest.approx(6 / 5.4)
+    assert s["goodput"] == pytest.approx(6 / 5.4)
+    # a slow request 3 still finishes inside the window but misses the bound: goodput drops, throughput does not
+    recs[3] = _run_rec(3, 3.0, ttft=2.0)
+    s = summarize(recs, slo={"ttft": 1.0}, trim=0.2)
+    assert s["request_throughput"] == pytest.approx(6 / 5.4) and s["goodput"] == pytest.approx(5 / 5.4)
+
+
+def test_capacity_over_a_sweep_is_the_last_rate_before_the_first_miss():
+    assert capacity({1: 1.0, 2: 0.95, 4: 0.85, 8: 0.99}, target=0.9) == 2
+    assert capacity({2: 1.0, 1: 0.5}) == 0.0                            # ordered by rate: the lowest misses
+    assert capacity({1: 1.0, 2: 1.0, 3: 0.9}, target=0.9) == 3
+
+
+def test_steady_throughput_follows_the_offered_rate_below_saturation():
+    from minibatch.runner import run
+    from minibatch.workload import synthetic, uniform
+
+    wl = synthetic(600, 8.0, input_len=uniform(100, 300), output_len=uniform(50, 150), seed=0)
+    r = run(wl, executor="sim", model="llama-2-7b", hardware="a100-80g")
+    whole, steady = r.summary(), r.summary(trim=0.2)
+    assert steady["request_throughput"] == pytest.approx(8.0, rel=0.1)
+    assert whole["request_throughput"] < steady["request_throughput"] * 1.05
+
+
+def test_steady_goodput_never_exceeds_steady_throughput():
+    from minibatch.runner import run
+    from minibatch.workload import synthetic, uniform
+
+    wl = synthetic(300, 6.0, input_len=uniform(100, 800), output_len=uniform(50, 300), seed=1)
+    s = run(wl, executor="sim", model="llama-2-7b", hardware="a100-80g").summary(slo={"ttft": 0.5, "tpot": 0.05},
+                                                                                  trim=0.2)
+    assert s["goodput"] <= s["request_throughput"]

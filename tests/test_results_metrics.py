@@ -22,7 +22,8 @@ BASE_KEYS = {"num_requests", "completed", "failed", "rejected", "rejected_reason
              "total_input_tokens", "total_output_tokens", "request_throughput", "throughput_tok_s",
              "total_throughput_tok_s", *NAN_KEYS, "prefix_cache_hit_rate", "num_preemptions",
              "num_swapped_blocks", "kv_util_mean", "kv_util_max", "kv_reserved_unused_mean",
-             "kv_internal_waste_mean", "padding_waste"}
+             "kv_internal_waste_mean", "kv_reserved_mean", "kv_internal_frag_mean", "kv_external_frag_mean",
+             "padding_waste"}
 STEP_KEYS = {"num_steps", "mean_batch_size"}
 SLO_KEYS = {"goodput", "slo_attainment"}
 
@@ -35,12 +36,14 @@ def rec(rid, arrival, prompt_len, tokens=(), sched=None, finish=None, reason=Non
                          token_times=tokens, finish_reason=reason, **kw)
 
 
-def step(duration, num_seqs, used, total=8, padded=0, swapped_out=0, reserved=0.0, internal=0.0, i=0) -> StepRecord:
+def step(duration, num_seqs, used, total=8, padded=0, swapped_out=0, reserved=0.0, internal=0.0, i=0,
+         frag=(0.0, 0.0, 0.0)) -> StepRecord:
     return StepRecord(step=i, start_time=0.0, duration=duration, forward_time=duration, num_seqs=num_seqs,
                       num_prefill_seqs=0, num_decode_seqs=num_seqs, num_prefill_tokens=0,
                       num_decode_tokens=num_seqs, num_waiting=0, num_running=num_seqs, num_preempted=0,
                       kv_blocks_used=used, kv_blocks_total=total, num_padded_slots=padded,
-                      num_swapped_out_blocks=swapped_out, kv_reserved_unused=reserved, kv_internal_waste=internal)
+                      num_swapped_out_blocks=swapped_out, kv_reserved_unused=reserved, kv_internal_waste=internal,
+                      kv_reserved=frag[0], kv_internal_frag=frag[1], kv_external_frag=frag[2])
 
 
 # ---------------------------------------------------------------- tpot, percentiles
@@ -241,9 +244,9 @@ def mixed_records() -> list[RequestRecord]:
 
 
 def mixed_steps() -> list[StepRecord]:
-    return [step(0.5, 2, used=8, swapped_out=2, reserved=0.25, internal=0.125, i=0),
-            step(0.5, 3, used=6, padded=1, reserved=0.5, internal=0.25, i=1),
-            step(1.0, 1, used=2, padded=2, swapped_out=3, i=2)]
+    return [step(0.5, 2, used=8, swapped_out=2, reserved=0.25, internal=0.125, i=0, frag=(0.5, 0.25, 0.0)),
+            step(0.5, 3, used=6, padded=1, reserved=0.5, internal=0.25, i=1, frag=(0.25, 0.125, 0.5)),
+            step(1.0, 1, used=2, padded=2, swapped_out=3, i=2, frag=(0.125, 0.0, 0.25))]
 
 
 def test_summary_of_a_mixed_run_every_key():
@@ -287,6 +290,9 @@ def test_summary_of_a_mixed_run_every_key():
     assert s["kv_util_max"] == 1.0
     assert s["kv_reserved_unused_mean"] == 0.1875           # (0.5 * 0.25 + 0.5 * 0.5 + 1.0 * 0) / 2
     assert s["kv_internal_waste_mean"] == 0.09375           # (0.5 * 0.125 + 0.5 * 0.25 + 1.0 * 0) / 2
+    assert s["kv_reserved_mean"] == 0.25                    # (0.5 * 0.5 + 0.5 * 0.25 + 1.0 * 0.125) / 2
+    assert s["kv_internal_frag_mean"] == 0.09375            # (0.5 * 0.25 + 0.5 * 0.125 + 1.0 * 0) / 2
+    assert s["kv_external_frag_mean"] == 0.25               # (0.5 * 0 + 0.5 * 0.5 + 1.0 * 0.25) / 2
     assert s["num_steps"] == 3
     assert s["mean_batch_size"] == 2.0                      # (2 + 3 + 1) / 3
     assert s["padding_waste"] == pytest.approx(1 / 3)      # padded 0 + 1 + 2 = 3 over 3 + (2 + 3 + 1)
@@ -297,7 +303,8 @@ def test_summary_without_steps_or_slo():
     assert set(s) == BASE_KEYS                              # no goodput, no step counts
     assert s["num_swapped_blocks"] == 0
     assert (s["kv_util_mean"], s["kv_util_max"], s["kv_reserved_unused_mean"], s["kv_internal_waste_mean"],
-            s["padding_waste"]) == (0.0, 0.0, 0.0, 0.0, 0.0)
+            s["kv_reserved_mean"], s["kv_internal_frag_mean"], s["kv_external_frag_mean"],
+            s["padding_waste"]) == (0.0,) * 8
     assert set(summarize(mixed_records(), [], slo={})) == BASE_KEYS
 
 

@@ -219,3 +219,15 @@ def test_md_table_renders_markdown_and_prints_outside_jupyter(capsys):
     assert text.splitlines() == ["| policy | tok/s |", "|---:|---:|", "| fcfs | 1,256 |", "| sjf | 1271 |"]
     assert md_table(["a"], [(1,)]) is None
     assert capsys.readouterr().out.strip() == "| a |\n|---:|\n| 1 |"
+
+
+def test_diagrams_draw():
+    from matplotlib.figure import Figure
+
+    from minibatch.viz import diagrams
+
+    assert isinstance(diagrams.request_pipeline(), Figure)
+    fig = diagrams.block_tables({"A": [3, 0, 5], "B": [1, 4]}, {"A": 19, "B": 9}, 8, 16)
+    assert isinstance(fig, Figure) and len(fig.axes[0].patches) > 16
+    fig = diagrams.scheduler_step([("r0", 1), ("r1", 1)], [("w0", 300), ("w1", 40)], 256, 8)
+    assert isinstance(fig, Figure)

@@ -1,7 +1,8 @@
 # %% [markdown]
 # # 第 2 章　Prefill 与 Decode：两阶段的计算与访存
 #
-# 第 1 章看到，批处理能把吞吐提升一个数量级，而单请求的解码速度却有一个由显存带宽决定的物理上限。这一章把这两句话
+# 第 1 章看到，批处理在（模拟的）GPU 上能把吞吐提升一个数量级，在 CPU 上的小模型上只有几倍，而单请求的解码速度
+# 有一个由显存带宽决定的物理上限。这一章把这两句话
 # 背后的机制讲清楚：一次生成请求分成**预填充（Prefill）**与**解码（Decode）**两个阶段，它们的计算量与访存量完全不同，
 # 一个是算力受限（Compute-bound），一个是访存受限（Memory-bound）。用 Roofline 模型量化之后，你会明白为什么
 # “解码阶段的批处理几乎是免费的”，以及这份“免费”在什么时候结束。
@@ -41,7 +42,6 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from IPython.display import Markdown, display
 
 from minibatch import LLM, SamplingParams
 from minibatch.sim import RooflineCostModel, available_hardware, get_hardware, get_model_spec, make_cost_model
@@ -70,10 +70,13 @@ print(f"... {len(steps)} steps in all: 1 prefill + {len(steps) - 1} decode steps
 # %% tags=["nbval-ignore-output"]
 t_pre = steps[0].duration
 t_dec = np.median([st.duration for st in steps[1:]])
-display(Markdown(f"这次运行里，Prefill 一步处理 {steps[0].num_prefill_tokens} 个 Token 用了 {t_pre * 1e3:.0f} ms，"
-                 f"每个 Decode 步只处理 1 个 Token，用了 {t_dec * 1e3:.1f} ms（中位数）。按 Token 算，Prefill 的单 Token 成本是 "
-                 f"{t_pre / steps[0].num_prefill_tokens * 1e3:.2f} ms，Decode 是它的 "
-                 f"{t_dec / (t_pre / steps[0].num_prefill_tokens):.0f} 倍：Decode 一步做的计算很少，却付出了整整一步的固定成本。"))
+per_token_pre = t_pre / steps[0].num_prefill_tokens
+assert t_dec > per_token_pre, "the prose says a decode token costs more than a prefill token"
+
+# %% [markdown]
+# 这次运行里，Prefill 一步处理 {{steps[0].num_prefill_tokens}} 个 Token 用了 {{t_pre * 1e3:.0f}} ms，每个 Decode 步只处理
+# 1 个 Token，用了 {{t_dec * 1e3:.1f}} ms（中位数）。按 Token 算，Prefill 的单 Token 成本是 {{per_token_pre * 1e3:.2f}} ms，
+# Decode 是它的 {{t_dec / per_token_pre:.0f}} 倍：Decode 一步做的计算很少，却付出了整整一步的固定成本。
 
 # %% [markdown]
 # ## 2.2 计算量与访存量：算术强度
@@ -226,55 +229,90 @@ plt.show()
 # %% tags=["nbval-ignore-output"]
 slope, intercept = np.polyfit(Bs, ts, 1)
 tiny, cpu = get_model_spec("tiny"), get_hardware("cpu")
-display(Markdown(
-    f"线性拟合 $t_{{\\text{{step}}}}(B) \\approx a + bB$ 得到 $a \\approx$ {intercept * 1e3:.1f} ms、"
-    f"$b \\approx$ {slope * 1e3:.2f} ms/序列：批从 1 增到 {BATCHES[-1]}，单步只慢了 "
-    f"{cpu_batch[BATCHES[-1]] / cpu_batch[1]:.1f} 倍，吞吐却涨了 {BATCHES[-1] * cpu_batch[1] / cpu_batch[BATCHES[-1]]:.0f} 倍。"
-    f"注意 CPU 上的 `tiny` 与 GPU 上的大模型不是一回事：`tiny` 的权重只有 {tiny.weight_bytes / 2**20:.1f} MiB，"
-    f"按一台普通服务器约 {cpu.memory_bandwidth / 1e9:.0f} GB/s 的内存带宽，读一遍只要约 "
-    f"{tiny.weight_bytes / cpu.effective_bandwidth * 1e3:.2f} ms；实测的固定成本主要是 Python 调度、算子启动与"
-    f"逐层的小矩阵开销。道理相同——每一步有一份与批大小无关的固定成本，批越大摊得越薄——只是 GPU 上这份固定成本的主体是读权重。"))
+slowdown = cpu_batch[BATCHES[-1]] / cpu_batch[1]
+gain = BATCHES[-1] / slowdown
+assert slowdown < BATCHES[-1], "the prose says the step grows far slower than the batch"
+
+# %% [markdown]
+# 线性拟合 $t_{\text{step}}(B) \approx a + bB$ 得到 $a \approx$ {{intercept * 1e3:.1f}} ms、$b \approx$ {{slope * 1e3:.2f}} ms/序列：
+# 批从 1 增到 {{BATCHES[-1]}}，单步只慢了 {{slowdown:.1f}} 倍，吞吐却涨了 {{gain:.0f}} 倍。注意 CPU 上的 `tiny` 与 GPU 上的大模型
+# 不是一回事：`tiny` 的权重只有 {{tiny.weight_bytes / 2**20:.1f}} MiB（float32），实测的固定成本主要是 Python 调度、算子启动与
+# 逐层的小矩阵开销，而不是读权重（下一段会测出读权重要多久）。道理相同——每一步有一份与批大小无关的固定成本，
+# 批越大摊得越薄——只是 GPU 上这份固定成本的主体是读权重。
 
 # %% [markdown]
 # **这台机器的下限。** 固定成本里有多少是硬件必须付的？把实验 A 的每一步按这台机器自己的 Roofline 定价：
 # 先实测单线程（与上面的实验一致）的 GEMM 峰值算力（`tiny` 的五个投影、512 行，走引擎同一条预打包路径）和
-# 读内存的带宽（对一个 256 MiB 的张量求和），再把它们填进一份 `HardwareSpec`，效率取 1、每步固定开销取 0。
-# 这样 `RooflineCostModel` 给出的就是任何引擎在这台机器上都快不过的时间：每个 GEMM 至少要读一遍权重、
-# 每个序列至少要读一遍自己的 KV。（范数、激活这类逐元素运算不计入，所以它偏乐观，是“下限”。）
+# 读内存的带宽，再把它们填进一份 `HardwareSpec`，效率取 1、每步固定开销取 0。这样 `RooflineCostModel` 给出的就是
+# 任何引擎在这台机器上都快不过的时间：每个 GEMM 至少要读一遍权重、每个序列至少要读一遍自己的 KV。
+# （范数、激活这类逐元素运算不计入，所以它偏乐观，是“下限”。）
+#
+# **读的是哪一级存储？** 带宽取决于数据在哪里。`tiny` 的权重只有 15 MiB，比这台机器的末级缓存（Last-Level Cache,
+# LLC；`lscpu` 报告 L3 为 32 MiB）还小：连续两步之间权重可能一直留在缓存里，读它的速度是缓存带宽，而不是内存（DRAM）带宽。
+# 所以有两条下限，`benchmarks/batching_bound.py` 也是这样分的：
+#
+# - **DRAM 下限**：每步都从内存读权重与 KV（对一个 256 MiB 的张量求和测带宽，它放不进任何缓存）。工作集
+#   （权重 + 这一步读的 KV）远大于末级缓存时，它成立——GPU 上的大模型正是这种情形；
+# - **缓存下限**：权重与 KV 一直留在末级缓存里（对一个 8 MiB 的张量反复求和测带宽，它稳稳地待在缓存里）。
+#   工作集小于末级缓存、两步之间没有别的数据把它挤出去时，它成立，而且更低。
+#
+# 再测一个与权重一样大的 16 MiB 张量：机器空闲时它留在缓存里，读得和 8 MiB 一样快；与别的进程共享缓存时它被挤出去，
+# 读得和 DRAM 一样慢——它告诉我们此刻哪条下限更接近事实。
+#
+# 下面两条都算，并打印每个批大小的工作集有多大。
 
 # %% tags=["nbval-ignore-output"]
 from minibatch.sim.calibrate import floor_hardware, measure_gemm_peak, measure_read_bandwidth
 
+LLC = 32 * 2**20                                                   # this machine's L3 (lscpu)
 gemm_peak = measure_gemm_peak(tiny, rows=(512,))                  # the model's five projections
-read_bw = measure_read_bandwidth(256 * 2**20, repeats=3)
-this_cpu = floor_hardware("this CPU, 1 thread (measured)", gemm_peak, read_bw)
-floor_cm = RooflineCostModel("tiny", this_cpu)
+dram_bw = measure_read_bandwidth(256 * 2**20, repeats=3)          # far larger than any cache
+cache_bw = measure_read_bandwidth(8 * 2**20, repeats=5)           # well inside the last-level cache
+bw16 = measure_read_bandwidth(16 * 2**20, repeats=5)              # the size of tiny's weights
+floors = {name: RooflineCostModel("tiny", floor_hardware(f"this CPU, 1 thread, {name}", gemm_peak, bw))
+          for name, bw in (("DRAM", dram_bw), ("cache", cache_bw))}
 ctx_a = 32 + 6                       # experiment A: 32-token prompts, the middle of 12 decode steps
-cpu_floor = {B: floor_cm.step_time([], [ctx_a] * B) for B in BATCHES}
-print(f"this machine, 1 thread: GEMM peak {gemm_peak / 1e9:.0f} GFLOP/s, read bandwidth {read_bw / 1e9:.1f} GB/s")
+cpu_floor = {B: floors["DRAM"].step_time([], [ctx_a] * B) for B in BATCHES}
+cache_floor = {B: floors["cache"].step_time([], [ctx_a] * B) for B in BATCHES}
+working_set = {B: tiny.weight_bytes + B * ctx_a * tiny.kv_bytes_per_token for B in BATCHES}
+print(f"this machine, 1 thread: GEMM peak {gemm_peak / 1e9:.0f} GFLOP/s, read bandwidth DRAM {dram_bw / 1e9:.1f} GB/s, "
+      f"cache {cache_bw / 1e9:.1f} GB/s, a 16 MiB tensor {bw16 / 1e9:.1f} GB/s")
 for B in BATCHES:
-    print(f"B={B:3d}: measured {cpu_batch[B] * 1e3:6.2f} ms, floor {cpu_floor[B] * 1e3:6.2f} ms "
-          f"({cpu_batch[B] / cpu_floor[B]:4.1f}x the floor)")
+    print(f"B={B:3d}: measured {cpu_batch[B] * 1e3:6.2f} ms | floor DRAM {cpu_floor[B] * 1e3:5.2f} ms, "
+          f"cache {cache_floor[B] * 1e3:5.2f} ms | working set {working_set[B] / 2**20:5.1f} MiB "
+          f"({'fits' if working_set[B] < LLC else 'exceeds'} the LLC)")
 
 # %% tags=["nbval-ignore-output"]
 gain_measured = BATCHES[-1] * cpu_batch[1] / cpu_batch[BATCHES[-1]]
 gain_floor = BATCHES[-1] * cpu_floor[1] / cpu_floor[BATCHES[-1]]
-display(Markdown(
-    f"批为 1 时，下限是 {cpu_floor[1] * 1e3:.2f} ms（主要是以 {read_bw / 1e9:.0f} GB/s 读一遍 "
-    f"{tiny.weight_bytes / 2**20:.1f} MiB 权重），实测 {cpu_batch[1] * 1e3:.2f} ms，是下限的 "
-    f"{cpu_batch[1] / cpu_floor[1]:.1f} 倍；批为 {BATCHES[-1]} 时只有 {cpu_batch[BATCHES[-1]] / cpu_floor[BATCHES[-1]]:.1f} 倍。"
-    f"于是按下限算，批 {BATCHES[-1]} 的吞吐是批 1 的 {gain_floor:.0f} 倍，实测却是 {gain_measured:.0f} 倍："
-    f"**实测的批处理收益里，有一部分来自摊薄软件的每步开销**（Python 调度、算子分发与库调用的开销），而不只是摊薄读权重。"
-    f"这提醒我们两件事：一是比较“连续批处理比逐个处理快多少倍”时，要看清分母里有多少是软件开销——引擎把每步开销"
-    f"做得越小，这个倍数反而越小，用户却更快了；二是 GPU 引擎同样如此，vLLM 用 CUDA Graph、把调度与前向重叠等手段"
-    f"压缩每步开销，道理相同（第 9、10 章）。`benchmarks/batching_bound.py` 对第 5 章那种偏斜负载做了同样的分解。"))
+gain_cache = BATCHES[-1] * cache_floor[1] / cache_floor[BATCHES[-1]]
+assert cache_floor[1] < cpu_floor[1], "the prose says the cache floor is the lower one"
+assert all(working_set[B] < LLC for B in BATCHES), "the prose says every batch's working set fits in the LLC"
+assert gain_measured > gain_floor, "the prose says part of the measured gain is software overhead"
+
+# %% [markdown]
+# 批为 1 时，DRAM 下限是 {{cpu_floor[1] * 1e3:.2f}} ms（主要是以 {{dram_bw / 1e9:.0f}} GB/s 读一遍
+# {{tiny.weight_bytes / 2**20:.1f}} MiB 权重），缓存下限是 {{cache_floor[1] * 1e3:.2f}} ms（{{cache_bw / 1e9:.0f}} GB/s），
+# 实测 {{cpu_batch[1] * 1e3:.2f}} ms，是 DRAM 下限的 {{cpu_batch[1] / cpu_floor[1]:.1f}} 倍、缓存下限的
+# {{cpu_batch[1] / cache_floor[1]:.1f}} 倍。这个实验里每个批大小的工作集都小于末级缓存（上表最后一列），所以在一台
+# 空闲的机器上成立的是**缓存下限**：DRAM 下限是每步都把权重从内存读一遍的引擎的下限，对 `tiny` 过于宽松。与别的进程
+# 共享缓存时，权重会在两步之间被挤出去，DRAM 下限才是合适的参照：此刻读一个 16 MiB 张量的带宽是
+# {{bw16 / 1e9:.1f}} GB/s，它越接近 DRAM 的 {{dram_bw / 1e9:.1f}} GB/s，缓存被占得越多。
+#
+# 按 DRAM 下限算，批 {{BATCHES[-1]}} 的吞吐是批 1 的 {{gain_floor:.0f}} 倍，按缓存下限算是 {{gain_cache:.0f}} 倍，实测却是
+# {{gain_measured:.0f}} 倍：**实测的批处理收益里，有一部分来自摊薄软件的每步开销**（Python 调度、算子分发与库调用的开销），
+# 而不只是摊薄读权重。按缓存下限，读权重几乎不花时间，单线程 GEMM 只有 {{gemm_peak / 1e9:.0f}} GFLOP/s，这台 CPU 在很小的
+# 批上就已是算力受限，加大批在硬件上省不了多少——批处理在这里买到的主要是软件开销的摊薄。这提醒我们两件事：一是比较“连续批处理比逐个处理快多少倍”时，要看清分母里有多少是软件开销——
+# 引擎把每步开销做得越小，这个倍数反而越小，用户却更快了；二是 GPU 引擎同样如此，vLLM 用 CUDA Graph、把调度与前向重叠等
+# 手段压缩每步开销，道理相同（第 9、10 章）。GPU 上 7B 模型的权重（十几 GB）远大于任何缓存，那里成立的是显存（HBM）
+# 带宽的下限。`benchmarks/batching_bound.py` 对第 5 章那种偏斜负载做了同样的分解。
 
 # %% [markdown]
 # ## 2.5 预测：LLaMA-7B 在 A100 / H100 上
 #
 # 没有 GPU 也能预测：代价模型 `RooflineCostModel` 对一步里的每个内核套用 Roofline，再加上每步的固定开销（调度、
-# 准备输入、启动内核，GPU 引擎用 CUDA Graph 时约 1–3 ms）。`breakdown()` 给出每一部分的秒数，加起来就是
-# `step_time()`。先看 A100 上批大小 1 与 128 的解码步（每个序列有 512 Token 的上下文）：
+# 准备输入、启动内核；代价模型默认取 2 ms，见 `minibatch/sim/hardware.py`）。`breakdown()` 给出每一部分的秒数，
+# 加起来就是 `step_time()`。先看 A100 上批大小 1 与 128 的解码步（每个序列有 512 Token 的上下文）：
 
 # %% tags=["nbval-check-output"]
 cms = {name: make_cost_model("llama-2-7b", name) for name in ["a100-80g", "h100"]}
@@ -286,17 +324,22 @@ for B in [1, 128]:
 # %% [markdown]
 # 批从 1 增到 128，GEMM 的时间几乎不变（仍在读同一份权重），增加的主要是解码注意力——每个序列都要读自己的 KV。
 # 下面把 CPU 实测与 GPU 预测放在一张图上：左图是相对单步耗时 $t(B)/t(1)$（不同模型、不同硬件可以直接比较），
-# 右图是吞吐。
+# 右图是吞吐。只画 KV Cache 放得下的批：512 Token 的上下文下，A100-80G 与 H100 最多放得下
+# {{cms['a100-80g'].max_batch(512)}} 条序列（`RooflineCostModel.fits`，块大小 16、`gpu_memory_utilization=0.9`），
+# 更大的批根本不会出现——引擎在此之前就会抢占。
 
 # %%
 GPU_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-gpu_step = {name: np.array([cm.step_time([], [512] * B) for B in GPU_BATCHES]) for name, cm in cms.items()}
+gpu_batches = {name: [B for B in GPU_BATCHES if cm.fits(B, 512)] for name, cm in cms.items()}
+assert all(max(b) < 512 for b in gpu_batches.values()), "batch 512 at context 512 does not fit: never drawn"
+gpu_step = {name: np.array([cm.step_time([], [512] * B) for B in gpu_batches[name]]) for name, cm in cms.items()}
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9.5, 3.6), layout="constrained")
 ax1.plot(Bs, ts / ts[0], "o-", color="C2", label="tiny on CPU (measured)")
-gb = np.array(GPU_BATCHES)
 for (name, t), c in zip(gpu_step.items(), ["C0", "C3"]):
+    gb = np.array(gpu_batches[name])
     ax1.plot(gb, t / t[0], "s-", color=c, label=f"llama-2-7b on {name} (model, ctx 512)")
     ax2.plot(gb, gb / t, "s-", color=c, label=f"llama-2-7b on {name} (model)")
+gb = np.array(GPU_BATCHES[:len(gpu_batches["a100-80g"])])
 ax2.plot(Bs, Bs / ts, "o-", color="C2", label="tiny on CPU (measured)")
 ax1.plot(gb, gb, color="gray", ls=":", lw=1, label="no sharing: t grows like B")
 for ax in (ax1, ax2):
@@ -333,21 +376,23 @@ for name in ["a10", "a100-80g", "h100"]:
 
 # %% [markdown]
 # 第二处是 **KV Cache 的读取量**。解码注意力的字节数正比于 $B\times c$，批大、上下文长时它会超过权重本身；
-# 对 MHA 模型，它往往比 GEMM 的临界点来得更早。下面先求出上下文 512 时注意力耗时超过 GEMM 的批大小，再固定批大小 64，
-# 看上下文从 256 增到 4096 时 A100 上一步的构成：
+# 对 MHA 模型，它往往比 GEMM 的临界点来得更早。下面先求出上下文 512 时注意力耗时超过 GEMM 的批大小（只在放得下的批里找），
+# 再固定批大小 16，看上下文从 256 增到 4096 时 A100 上一步的构成（批 16、上下文 4096 时 KV 放得下，批 64 就放不下了）：
 
 # %% tags=["nbval-check-output"]
 cm = cms["a100-80g"]
 print(f"weights: {spec.weight_bytes / 1e9:.1f} GB; KV per token: {spec.kv_bytes_per_token / 2**20:.2f} MiB")
-cross = next(B for B in range(1, 1024)
+cross = next(B for B in range(1, cm.max_batch(512) + 1)
              if (p := cm.breakdown([], [512] * B))["attention_decode"] > p["gemm"])
-print(f"context 512: decode attention takes longer than the GEMMs from B = {cross} on")
+print(f"context 512: decode attention takes longer than the GEMMs from B = {cross} on "
+      f"(at most {cm.max_batch(512)} sequences fit)")
 for c in [256, 1024, 4096]:
-    p = cm.breakdown([], [c] * 64)
-    kv_gb = 64 * c * spec.kv_bytes_per_token / 1e9
-    print(f"B=64, context {c:4d}: KV read {kv_gb:5.1f} GB | gemm {p['gemm'] * 1e3:5.1f} ms, "
+    assert cm.fits(16, c)
+    p = cm.breakdown([], [c] * 16)
+    kv_gb = 16 * c * spec.kv_bytes_per_token / 1e9
+    print(f"B=16, context {c:4d}: KV read {kv_gb:5.1f} GB | gemm {p['gemm'] * 1e3:5.1f} ms, "
           f"attention {p['attention_decode'] * 1e3:5.1f} ms, total {sum(p.values()) * 1e3:5.1f} ms "
-          f"-> {64 / sum(p.values()):5.0f} tok/s")
+          f"-> {16 / sum(p.values()):5.0f} tok/s")
 
 # %% [markdown]
 # 上下文变长后，注意力成了一步里的大头，吞吐随之下降：这时再加大批并不能摊薄什么，因为每个序列的 KV 都得单独读。
@@ -389,6 +434,10 @@ def show_breakdown(model="llama-2-7b", hardware="a100-80g", batch=32, context=51
     except ValueError as e:
         print(e)
         return
+    if not cm.fits(batch, context):
+        print(f"{batch} sequences of {context} tokens do not fit in the KV cache "
+              f"(at most {cm.max_batch(context)}): the engine would preempt before such a step ran")
+        return
     prefill = [(prefill_tokens, prefill_tokens)] if prefill_tokens else []
     parts = cm.breakdown(prefill, [context] * batch)
     total = sum(parts.values())
@@ -402,9 +451,7 @@ def show_breakdown(model="llama-2-7b", hardware="a100-80g", batch=32, context=51
     ax.set_title(f"{model} on {hardware}: {total * 1e3:.2f} ms/step, {batch / total:.0f} decode tok/s", fontsize=9)
     ax.legend(fontsize=7, ncols=3, loc="upper center", bbox_to_anchor=(0.5, -0.45))
     plt.show()
-    kv_need = batch * context
-    print(f"KV needed {kv_need:,} tokens of {cm.kv_capacity_tokens():,} available"
-          + ("  <- does not fit: the batch would be preempted" if kv_need > cm.kv_capacity_tokens() else ""))
+    print(f"KV needed {batch * context:,} tokens of {cm.kv_capacity_tokens():,} available")
 
 
 W.interact(show_breakdown,
@@ -431,7 +478,8 @@ W.interact(show_breakdown,
 # 1. **手算强度。** 对 LLaMA-2-13B 的 down 投影（$k=13824,\ n=5120$），分别在 $M=1$、$M=64$、$M=4096$ 时计算算术强度，
 #    并判断在 A10 与 H100 上它是算力受限还是访存受限。用 `make_cost_model("llama-2-13b", "h100")._gemm` 验证你的耗时估算。
 # 2. **GQA 的收益。** 用 2.5 节最后一个单元格的方法，比较 LLaMA-2-7B（MHA）与 LLaMA-3-8B（GQA，8 个 KV 头）在 A100 上、
-#    批大小 64、上下文 4096 时的单步耗时与吞吐。差距主要来自哪一项？
+#    批大小 16、上下文 4096 时的单步耗时与吞吐。差距主要来自哪一项？LLaMA-3-8B 在这个上下文下最多放得下多少条序列
+#    （`max_batch(4096)`）？
 # 3. **CPU 的脊点。** 查一查你自己机器的内存带宽与浮点峰值（或用 `get_hardware("cpu")` 的粗略值），算出它的脊点。
 #    为什么 `tiny` 在 CPU 上的实测曲线在批大小很小时就开始明显上升？（提示：对比 2.4 节实测的固定成本与读权重的时间。）
 # 4. **拟合代价模型。** 运行 `python -m minibatch profile --model tiny --out /tmp/tiny-cpu.json`，它会在真实引擎上测量
@@ -440,3 +488,19 @@ W.interact(show_breakdown,
 #    为什么 `g(M)` 在 M 很小时几乎是平的？
 # 5. **Prefill 的临界长度。** 在 A100 上，一个多长的 Prompt 的 Prefill 时间等于一次批大小 32 的解码步？在交互控件里
 #    找出这个长度，并解释为什么答案接近第 2.5 节求出的 GEMM 临界 $M$。
+#
+# <details><summary>提示与参考答案</summary>
+#
+# 1. $I = 2Mkn / ((kn + Mk + Mn)\,b)$：$M=1$ 时约 1，$M=64$ 时约 63，$M=4096$ 时约 1950（fp16）。A10 的有效脊点约 156、
+#    H100 约 226 FLOP/Byte（2.3 节的表）：$M=1$、64 在两者上都访存受限，$M=4096$ 都算力受限。
+#    `cm._gemm(M, 13824, 5120)` 给出对应的秒数。
+# 2. 差距几乎全在 `attention_decode`：GQA 的 KV 只有 MHA 的 8/32，每步读的 KV 少到 1/4；GEMM 一项相近。
+#    同样的原因，LLaMA-3-8B 能放下的序列数约是 LLaMA-2-7B 的 4 倍。
+# 3. `get_hardware("cpu")` 的脊点只有几十 FLOP/Byte，而 2.4 节测得每步的固定成本远大于读权重的时间（缓存下限）：
+#    小批时步长由软件开销决定，不是由 Roofline 决定。
+# 4. `g(M)` 对应实验 A（批大小，即每步的 Token 数），`decode_ctx` 对应实验 B（上下文长度）。M 很小时每步的成本是固定开销加
+#    读一遍权重，与 M 无关，所以几乎是平的。
+# 5. 找使 `step_time([(P, P)], [])` ≈ `step_time([], [512] * 32)` 的 $P$。批 32 的解码步仍以读权重为主、时间接近
+#    访存的下限；Prefill 变成算力受限之后，时间才随 $P$ 线性增长，拐点正是 GEMM 的临界 $M$。
+#
+# </details>

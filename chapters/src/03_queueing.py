@@ -23,7 +23,6 @@ import math
 import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
-from IPython.display import Markdown, display
 
 import minibatch
 from minibatch.runner import run
@@ -47,7 +46,7 @@ print("minibatch", minibatch.__version__)
 # $$
 #
 # 大量彼此独立的用户叠加在一起时，总的请求流近似泊松，这是它被当作“默认负载”的原因。但真实流量常常更“扎堆”。
-# `vllm bench serve` 用 `--burstiness` 参数生成 **Gamma 到达**：间隔服从 $\text{Gamma}(k,\ \theta = 1/(\lambda k))$，
+# `vllm bench serve` 用 `--burstiness` 参数生成 **Gamma 到达**（vLLM v0.10.2 `vllm/benchmarks/serve.py`）：间隔服从 $\text{Gamma}(k,\ \theta = 1/(\lambda k))$，
 # 均值始终是 $1/\lambda$，而间隔的变异系数（Coefficient of Variation, CV，标准差/均值）是
 #
 # $$
@@ -128,17 +127,19 @@ ax.legend()
 plt.show()
 
 # %%
-if traces:
-    code, conv = (traces[f"Azure {n}"] for n in ("code", "conv"))
-    pm_code = np.bincount(np.floor(code.arrival_times / 60).astype(int))
-    pm_conv = np.bincount(np.floor(conv.arrival_times / 60).astype(int))
-    display(Markdown(
-        f"两条 trace 的性格截然不同。code trace 平均每分钟 {pm_code.mean():.0f} 个请求，但有 {int((pm_code == 0).sum())} 分钟"
-        f"一个请求都没有，最忙的一分钟却有 {pm_code.max()} 个——这是典型的开/关（On/Off）突发，"
-        f"间隔 CV 高达 {code.stats()['cv']:.1f}，用 Gamma 过程匹配同样的 CV 需要 $k \\approx {1 / code.stats()['cv'] ** 2:.3g}$。"
-        f"conv trace 的 CV 为 {conv.stats()['cv']:.2f}，短时间尺度上接近泊松，但它的速率在一小时内漂移："
-        f"每分钟请求数从 {pm_conv.min()} 到 {pm_conv.max()} 不等。以上数字与 SOURCES.md 公布的统计一致。"
-        "Gamma 过程只能匹配 CV，复现不了这种慢漂移；第 28 章（弹性伸缩）会专门处理它。"))
+code, conv = (traces[f"Azure {n}"] for n in ("code", "conv"))
+pm_code = np.bincount(np.floor(code.arrival_times / 60).astype(int))
+pm_conv = np.bincount(np.floor(conv.arrival_times / 60).astype(int))
+cv_code, cv_conv = code.stats()["cv"], conv.stats()["cv"]
+assert (pm_code == 0).any() and cv_code > 5 * cv_conv, "the prose says the code trace is on/off and far burstier"
+assert round(cv_code, 2) == 13.15 and round(cv_conv, 2) == 1.09, "the prose says these match SOURCES.md"
+
+# %% [markdown]
+# 两条 trace 的性格截然不同。code trace 平均每分钟 {{pm_code.mean():.0f}} 个请求，但有 {{int((pm_code == 0).sum())}} 分钟
+# 一个请求都没有，最忙的一分钟却有 {{pm_code.max()}} 个——这是典型的开/关（On/Off）突发，间隔 CV 高达 {{cv_code:.1f}}，
+# 用 Gamma 过程匹配同样的 CV 需要 $k \approx$ {{1 / cv_code ** 2:.3g}}。conv trace 的 CV 为 {{cv_conv:.2f}}，短时间尺度上接近泊松，
+# 但它的速率在一小时内漂移：每分钟请求数从 {{pm_conv.min()}} 到 {{pm_conv.max()}} 不等。以上数字与 SOURCES.md 公布的统计一致。
+# Gamma 过程只能匹配 CV，复现不了这种慢漂移；第 28 章（弹性伸缩）会专门处理它。
 
 # %% [markdown]
 # ## 3.3 Little 定律：并发、吞吐与延迟的恒等式
@@ -176,14 +177,17 @@ md_table(["quantity", "engine side: time average of num_running + num_waiting", 
           "ratio"], [["requests in system L", f"{L:.2f}", f"{lam * s['e2e_mean']:.2f}", f"{L / (lam * s['e2e_mean']):.3f}"]])
 
 # %%
-display(Markdown(
-    f"这次运行中 $\\lambda$ = {lam:.2f} req/s，平均 E2E 为 {s['e2e_mean']:.2f} s，所以系统里平均有约 {lam * s['e2e_mean']:.0f} 个请求；"
-    f"引擎按步记录的时间平均给出几乎相同的数（微小差别来自：引擎只在每一步结束时记一次队列长度，"
-    f"而请求的到达与完成散落在步与步之间）。平均排队时间只有 {s['queue_delay_mean'] * 1e3:.1f} ms，与一步的平均时长"
-    f"（{step_mean * 1e3:.1f} ms）同一量级：在这个负载下，新请求只需等当前这一步算完就能加入批次，连续批处理几乎让它们“随到随算”。"
-    "（同样的方法却测不准排队部分的 $L_q$：请求总是在两步之间到达、在下一步开始时就被接纳，"
-    f"步末记录的等待数按时间平均只有 {Lq:.3f}，而 $\\lambda W_q$ = {lam * s['queue_delay_mean']:.3f}。"
-    "测量方式本身也是排队分析的一部分。）"))
+assert abs(L / (lam * s["e2e_mean"]) - 1) < 0.05, "the prose says both sides agree"
+assert s["queue_delay_mean"] < 5 * step_mean, "the prose says the queueing time is of the order of a step"
+assert Lq < lam * s["queue_delay_mean"], "the prose says the step-end count underestimates L_q"
+
+# %% [markdown]
+# 这次运行中 $\lambda$ = {{lam:.2f}} req/s，平均 E2E 为 {{s['e2e_mean']:.2f}} s，所以系统里平均有约 {{lam * s['e2e_mean']:.0f}}
+# 个请求；引擎按步记录的时间平均给出几乎相同的数（微小差别来自：引擎只在每一步结束时记一次队列长度，而请求的到达与完成
+# 散落在步与步之间）。平均排队时间只有 {{s['queue_delay_mean'] * 1e3:.1f}} ms，与一步的平均时长（{{step_mean * 1e3:.1f}} ms）
+# 同一量级：在这个负载下，新请求只需等当前这一步算完就能加入批次，连续批处理几乎让它们“随到随算”。
+# （同样的方法却测不准排队部分的 $L_q$：请求总是在两步之间到达、在下一步开始时就被接纳，步末记录的等待数按时间平均只有
+# {{Lq:.3f}}，而 $\lambda W_q$ = {{lam * s['queue_delay_mean']:.3f}}。测量方式本身也是排队分析的一部分。）
 
 # %% [markdown]
 # ## 3.4 利用率与等待时间：M/M/1 与 M/G/1
@@ -268,16 +272,22 @@ plt.show()
 
 # %%
 md1, mg1, gg1 = (pk[n] for n in CASES)
-display(Markdown(
-    f"M/D/1 与 M/G/1 的模拟值与 P-K 公式基本吻合（表中最后两列；$\\rho$ 越接近 1，一次有限长运行的样本均值波动越大，"
-    f"偏差也越大）。几点值得记住：同样是 $\\rho \\approx$ {md1[-1][0]:.2f}，"
-    f"常数服务时间（M/D/1）的平均排队时间约为 {md1[-1][1]:.1f} 个服务时间；服务时间波动大（$C_s^2$ = {mg1[-1][3]:.2f}）时涨到 "
-    f"{mg1[-1][1]:.1f} 个；到达再变突发（$C_a^2$ = {gg1[-1][4]:.1f}）时是 {gg1[-1][1]:.1f} 个。低利用率下突发的影响更显眼："
-    f"$\\rho \\approx$ {gg1[0][0]:.2f} 时，泊松到达只排队 {mg1[0][1]:.2f} 个服务时间，突发到达却要 {gg1[0][1]:.2f} 个——"
-    "扎堆到达的请求即使在“平均很闲”的服务器上也要互相等待。"
-    "Kingman 公式只是近似（它在 $\\rho \\to 1$ 的重负载极限下才精确），表中它与模拟的偏差明显大于 P-K 公式；"
-    f"而且突发到达下排队时间的样本均值收敛更慢，一次 {N_PK} 个请求的运行本身就有可观的统计误差。对 LLM 来说，服务时间由输入输出长度决定，长度分布越偏斜"
-    "（第 1 章 1.5.3 节的长尾请求），$C_s$ 越大——这正是后面的章节要用 SJF、分块预填充等手段削减的那一项。"))
+dev = {name: np.mean([abs(sim / th - 1) for _, sim, th, _, _ in pts]) for name, pts in pk.items()}
+assert md1[-1][1] < mg1[-1][1] < gg1[-1][1], "the prose orders the waiting times at the highest load"
+assert gg1[0][1] > mg1[0][1], "the prose says bursty arrivals queue more at low load"
+assert dev["G/G/1 (k=0.25)"] > max(dev["M/D/1"], dev["M/G/1"]), "the prose says Kingman is off by more than P-K"
+
+# %% [markdown]
+# M/D/1 与 M/G/1 的模拟值与 P-K 公式基本吻合（表中最后两列，平均相对偏差分别为 {{dev['M/D/1']:.0%}} 与
+# {{dev['M/G/1']:.0%}}；$\rho$ 越接近 1，一次有限长运行的样本均值波动越大，偏差也越大）。几点值得记住：同样是
+# $\rho \approx$ {{md1[-1][0]:.2f}}，常数服务时间（M/D/1）的平均排队时间约为 {{md1[-1][1]:.1f}} 个服务时间；服务时间波动大
+# （$C_s^2$ = {{mg1[-1][3]:.2f}}）时涨到 {{mg1[-1][1]:.1f}} 个；到达再变突发（$C_a^2$ = {{gg1[-1][4]:.1f}}）时是
+# {{gg1[-1][1]:.1f}} 个。低利用率下突发的影响更显眼：$\rho \approx$ {{gg1[0][0]:.2f}} 时，泊松到达只排队
+# {{mg1[0][1]:.2f}} 个服务时间，突发到达却要 {{gg1[0][1]:.2f}} 个——扎堆到达的请求即使在“平均很闲”的服务器上也要互相等待。
+# Kingman 公式只是近似（它在 $\rho \to 1$ 的重负载极限下才精确），它与模拟的平均相对偏差是 {{dev['G/G/1 (k=0.25)']:.0%}}，
+# 明显大于 P-K 公式；而且突发到达下排队时间的样本均值收敛更慢，一次 {{N_PK}} 个请求、一个随机种子的运行本身就有可观的统计误差
+# （练习 3 换几个种子看看它有多大）。对 LLM 来说，服务时间由输入输出长度决定，长度分布越偏斜（第 1 章 1.5.3 节的长尾请求），
+# $C_s$ 越大——这正是后面的章节要用 SJF、分块预填充等手段削减的那一项。
 
 # %% [markdown]
 # ## 3.5 LLM 服务的延迟“曲棍球棒”
@@ -290,23 +300,29 @@ display(Markdown(
 # 装满**，新请求开始排队，TTFT 急剧上升，而吞吐停在**饱和吞吐**上不再增长——此时多来的请求只会让队列无限变长。
 #
 # 下面固定负载形状（提示长度中位数 512、输出长度中位数 96 的对数正态分布，泊松到达），在模拟的 Llama-2-7B / A100-80GB
-# 上用 vLLM 默认参数（`max_num_seqs=256`, `max_num_batched_tokens=2048`）扫描请求速率；饱和吞吐取“所有请求同时到达”
-# （`rate=inf`）时测得的请求吞吐。
+# 上用 `max_num_seqs=256`、`max_num_batched_tokens=2048`（minibatch 的默认值，也是 vLLM v0.10.2 中 `vllm serve` 在
+# A100 与显存小于 70 GiB 的卡上的默认值；同一版本的 `LLM` 类默认 8192 个 Token，H100 这类大显存卡上 `vllm serve` 默认
+# 1024 条序列、8192 个 Token——见 `vllm/engine/arg_utils.py` 的 `EngineArgs._set_default_args`）扫描请求速率。
+# 每个速率回放 600 个请求，按稳态统计（`RunResult.summary(trim=0.2)`：去掉到达时间跨度最前与最后的 20%，吞吐只数这段时间窗里
+# 完成的请求）；饱和吞吐取 KV Cache 用满之后各到达率下稳态请求吞吐的最大值。
 
 # %% tags=["nbval-check-output"]
-N_HS = 400
+N_HS = 600
 RATES = [3, 6, 9, 12, 15, 18, 24, 30]
-sat = run(synthetic(N_HS, float("inf"), **SHAPE, seed=0), **SIM).summary()
 sweep = {}
 for rate in RATES:
     r = run(synthetic(N_HS, rate, **SHAPE, seed=0), **SIM)
-    sweep[rate] = (r.summary(), max(st.kv_usage for st in r.steps))
+    steady = r.summary(trim=0.2)
+    steady["mean_batch_size"] = r.summary()["mean_batch_size"]
+    sweep[rate] = (steady, max(st.kv_usage for st in r.steps))
+# the saturation throughput: the most the server completes once the KV cache is full
+sat = max((sweep[r][0] for r in RATES if sweep[r][1] >= 0.999), key=lambda st: st["request_throughput"])
 md_table(["offered rate", "throughput (req/s)", "mean batch", "peak KV use", "TTFT p50 (s)", "TTFT p99 (s)",
           "TPOT p50 (ms)", "E2E p50 (s)", "E2E p99 (s)"],
          [[f"{rate}", f"{s['request_throughput']:.2f}", f"{s['mean_batch_size']:.1f}", f"{kv:.0%}",
            f"{s['ttft_p50']:.3f}", f"{s['ttft_p99']:.2f}", f"{s['tpot_p50'] * 1e3:.0f}", f"{s['e2e_p50']:.2f}",
            f"{s['e2e_p99']:.2f}"] for rate, (s, kv) in sweep.items()])
-print(f"saturation throughput (all {N_HS} requests at t=0): {sat['request_throughput']:.2f} req/s")
+print(f"saturation throughput (the highest steady throughput with the KV cache full): {sat['request_throughput']:.2f} req/s")
 
 # %%
 xs = np.array(RATES, dtype=float)
@@ -331,14 +347,24 @@ plt.show()
 lo, hi = sweep[RATES[0]][0], sweep[RATES[-1]][0]
 knee = next(r for r in RATES if sweep[r][1] >= 0.999)          # first rate that fills the KV cache
 before = RATES[RATES.index(knee) - 1]
-display(Markdown(
-    f"从 {RATES[0]} req/s 到 {before} req/s，吞吐基本跟随到达率（略低于它，因为有限长的运行包含最后的排空阶段），TTFT p50 始终在 {lo['ttft_p50'] * 1e3:.0f}–"
-    f"{sweep[before][0]['ttft_p50'] * 1e3:.0f} ms；但 E2E 已经在上升（TPOT p50 从 {lo['tpot_p50'] * 1e3:.0f} ms 涨到 "
-    f"{sweep[before][0]['tpot_p50'] * 1e3:.0f} ms）——这是批变大的代价。到 {knee} req/s，KV Cache 第一次被用满，"
-    f"TTFT p99 跳到 {sweep[knee][0]['ttft_p99']:.1f} s；再往上，吞吐钉在饱和吞吐（{sat['request_throughput']:.1f} req/s）附近，"
-    f"到 {RATES[-1]} req/s 时 TTFT p99 已达 {hi['ttft_p99']:.1f} s。注意：超过饱和点后，队列随时间线性增长，"
-    f"这些尾延迟的数值取决于这次运行有多长（这里 {N_HS} 个请求）——跑得越久越糟，没有稳态。"
-    "容量规划的第一原则因此是：**把工作点放在拐点左侧并留出余量**，而不是追求 100% 利用率（第 19、30 章）。"))
+below = [r for r in RATES if r < knee]
+assert all(abs(sweep[r][0]["request_throughput"] / r - 1) < 0.1 for r in below), \
+    "the prose says throughput follows the offered rate before the knee"
+assert sweep[before][0]["tpot_p50"] > lo["tpot_p50"], "the prose says TPOT grows with the batch"
+assert sat["request_throughput"] < 0.9 * RATES[-1] and hi["ttft_p99"] > 10 * lo["ttft_p99"]
+assert all(sweep[r][0]["request_throughput"] <= sat["request_throughput"] for r in RATES if r >= knee), \
+    "the prose says throughput stops growing past the knee"
+
+# %% [markdown]
+# 从 {{RATES[0]}} req/s 到 {{before}} req/s，稳态吞吐跟随到达率（误差在 10% 以内），TTFT p50 始终在
+# {{lo['ttft_p50'] * 1e3:.0f}}–{{sweep[before][0]['ttft_p50'] * 1e3:.0f}} ms；但 E2E 已经在上升（TPOT p50 从
+# {{lo['tpot_p50'] * 1e3:.0f}} ms 涨到 {{sweep[before][0]['tpot_p50'] * 1e3:.0f}} ms）——这是批变大的代价。到 {{knee}} req/s，
+# KV Cache 第一次被用满，TTFT p99 跳到 {{sweep[knee][0]['ttft_p99']:.1f}} s；再往上，吞吐不再增长，停在饱和吞吐
+# （{{sat['request_throughput']:.1f}} req/s）以下（{{RATES[-1]}} req/s 时只有 {{hi['request_throughput']:.1f}} req/s），
+# 到 {{RATES[-1]}} req/s 时 TTFT p99 已达 {{hi['ttft_p99']:.1f}} s。
+# 注意：超过饱和点后，队列随时间线性增长，这些尾延迟的数值取决于这次运行有多长（这里 {{N_HS}} 个请求）——跑得越久越糟，
+# 没有稳态；去掉预热与收尾也改变不了这一点，只有拐点左侧的数字才是稳态的数字。容量规划的第一原则因此是：
+# **把工作点放在拐点左侧并留出余量**，而不是追求 100% 利用率（第 19、30 章）。
 
 # %% [markdown]
 # ## 3.6 动手：到达率与突发度
@@ -404,3 +430,18 @@ W.interact(explore,
 #    （注意它的提示长度比 3.5 节的负载长得多）。TTFT 随时间如何变化？与每分钟请求数的曲线对照。
 # 5. **思考题。** 为什么对连续批处理的服务器，不能直接把 M/M/1 的 $\mu$ 取为“单个请求的服务速率”？
 #    如果把整个批看成一个服务台，它的服务率如何随队列长度变化？这类模型在排队论中叫什么？（提示：批量服务队列，Bulk-service Queue。）
+#
+# <details><summary>提示与参考答案</summary>
+#
+# 1. 未饱和时两边相等；超过饱和吞吐后系统里的请求数随时间线性增长（画 `num_running + num_waiting` 随时间的曲线就能看到），
+#    “长期平均”不存在，Little 定律只在一段时间窗内、并计入窗口两端还在系统里的请求时才成立。
+# 2. Prefill 时间 ≈ 固定开销 + 与长度成正比的部分：固定开销对每个请求都一样，它拉高了均值却不增加方差，
+#    所以服务时间的 $C_s^2$ 小于提示长度的 CV²。
+# 3. $k$ 越小，$C_a^2 = 1/k$ 越大，Kingman 的因子 $(C_a^2 + C_s^2)/2$ 越大，尾延迟越高；$k=0.1$ 时即使平均负载只有 70%，
+#    也会出现长时间的排队。换几个 `seed` 重复，比较结果的波动——突发到达下需要更多的请求或种子才能得到稳定的均值。
+# 4. conv trace 的提示长度中位数在一千以上，预填充更重；TTFT 随每分钟请求数的起伏而起伏，速率高的几分钟排队明显。
+#    注意把超过模型 `max_model_len` 的请求去掉，或看 `summary()["rejected"]`。
+# 5. 连续批处理的服务率随批大小（也就是队列长度）增长，直到 `max_num_seqs` 或 KV 用尽；这类模型叫批量服务队列
+#    （Bulk-service Queue），或服务率依赖于状态的队列（State-dependent Service）。
+#
+# </details>

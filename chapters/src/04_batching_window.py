@@ -28,7 +28,7 @@ import inspect
 import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
-from IPython.display import Markdown, display
+from IPython.display import display
 
 import minibatch
 from minibatch.policies.dynamic import DynamicPolicy
@@ -48,18 +48,22 @@ print("minibatch", minibatch.__version__)
 #
 # 第 2 章讲过，解码（Decode）一步要把全部权重从显存读一遍，而每个序列只贡献一个 Token 的计算，所以这一步是访存受限的：
 # 批里多放几个序列，读权重的开销不变，步长几乎不变。用模拟器的成本模型（Roofline）算一下 Llama-2-7B 在 A100-80GB 上、
-# 上下文 512 时解码一步的耗时，以及折算到每个 Token 的成本：
+# 上下文 512 时解码一步的耗时，以及折算到每个 Token 的成本。只列 KV Cache 放得下的批（`RooflineCostModel.fits`）：
+# 512 Token 的上下文下这张卡最多放得下 `cm.max_batch(512)` 条序列，批 256 根本不会出现。
 
 # %% tags=["nbval-check-output"]
 cm = make_cost_model("llama-2-7b", "a100-80g")
 rows = []
-for b in (1, 4, 16, 64, 256):
+batches = [b for b in (1, 4, 16, 64, 128, 256) if cm.fits(b, 512)]
+assert 256 not in batches, "batch 256 at context 512 does not fit on A100-80G: never tabulated"
+print(f"at most {cm.max_batch(512)} sequences of 512 tokens fit")
+for b in batches:
     t = cm.step_time([], [512] * b)
     rows.append([b, f"{t * 1e3:.2f}", f"{t / b * 1e3:.3f}", f"{b / t:,.0f}"])
 md_table(["batch size", "decode step (ms)", "ms per token", "tokens/s"], rows)
 
 # %% [markdown]
-# 批大小从 1 到 64，步长只增加了一点，每秒产出的 Token 却几乎按批大小成倍增长——这就是所有批处理策略的收益来源。
+# 批大小从 1 到 128，步长只增加了一点，每秒产出的 Token 却几乎按批大小成倍增长——这就是所有批处理策略的收益来源。
 # 问题在于：请求是一个一个随机到达的，**要凑出大批，就得让先到的请求等**；而 LLM 请求的输出长度各不相同，
 # **凑在一起的请求不会同时结束**。下面两节分别讨论这两件事。
 #
@@ -113,10 +117,13 @@ md_table(["output lengths", "mean / max", "B", "waste (formula)", "padding_waste
 # %%
 ln = "lognormal(median 40, mean 64)"
 w4, w16 = (static_runs[(ln, B)].summary()["padding_waste"] for B in (4, 16))
-display(Markdown(
-    f"输出长度固定时没有任何浪费；对数正态分布（典型的真实输出长度分布，有长尾）下，$B=4$ 时已有 {w4:.0%} 的槽位步在空转，"
-    f"$B=16$ 时达到 {w16:.0%}。引擎测得的浪费与公式完全一致。只有 $B=64$（所有请求一批）时静态与连续批处理吞吐相同："
-    "没有别的请求可以补进空出来的槽位，连续批处理也无事可做。"))
+assert static_runs[("fixed(64)", 16)].summary()["padding_waste"] == 0 and w16 > w4 > 0
+assert all(abs(float(r[3]) - float(r[4])) < 1e-3 for r in rows), "the prose says the engine matches the formula"
+
+# %% [markdown]
+# 输出长度固定时没有任何浪费；对数正态分布（典型的真实输出长度分布，有长尾）下，$B=4$ 时已有 {{w4:.0%}} 的槽位步在空转，
+# $B=16$ 时达到 {{w16:.0%}}。引擎测得的浪费与公式一致（表中两列）。只有 $B=64$（所有请求一批）时静态与连续批处理吞吐相同：
+# 没有别的请求可以补进空出来的槽位，连续批处理也无事可做。
 
 # %% [markdown]
 # 把 $B=16$、对数正态输出的运行画成请求甘特图（`minibatch.viz.gantt`，每行一个请求：灰色为排队，橙色为预填充，蓝色为解码）。
@@ -146,18 +153,21 @@ print(inspect.getsource(DynamicPolicy))
 # %% [markdown]
 # 在主流服务框架里，同样的两个旋钮是这样命名的：
 #
-# - **Triton Inference Server**（NVIDIA，*Batchers* 文档的 Dynamic Batcher 一节）：模型配置里的 `max_batch_size` 限定批的上限；
+# - **Triton Inference Server**（NVIDIA；用户指南 *Batchers* 的 Dynamic Batcher 一节，`triton-inference-server/server`
+#   仓库的 `docs/user_guide/batcher.md`，2024 年的 2.x 版本）：模型配置里的 `max_batch_size` 限定批的上限；
 #   `dynamic_batching { max_queue_delay_microseconds: ... }` 是请求为了等待更多请求而在调度队列里最多被延迟的时间；
 #   `preferred_batch_size: [4, 8]` 表示凑到这些大小之一就可以立即发车，不必等到上限（文档提醒大多数模型不需要设置它）。
 #   文档还指出，默认配置 `dynamic_batching { }` 会在不超过上限的前提下尽量组大批，**但不做任何延迟**（相当于 `max_wait = 0`）；
 #   推荐的调参流程是先用默认配置测出延迟与吞吐，若延迟仍在预算之内，再增大最大批大小或设置非零的延迟，
 #   逐步加大延迟直到超出延迟预算，观察吞吐随之如何变化——这正是 4.4 节要做的扫描。
-# - **TensorFlow Serving**（*TensorFlow Serving Batching Guide*）：`max_batch_size`、`batch_timeout_micros`（输出一个不满的批之前最多等待的微秒数），
+# - **TensorFlow Serving**（*TensorFlow Serving Batching Guide*，`tensorflow/serving` 仓库的
+#   `tensorflow_serving/batching/README.md`）：`max_batch_size`、`batch_timeout_micros`（输出一个不满的批之前最多等待的微秒数），
 #   另有 `num_batch_threads`（并行处理的批数）、`max_enqueued_batches`（排队的批数上限，超出即快速失败）、
 #   `allowed_batch_sizes` 与 `pad_variable_length_inputs`（把变长输入填充对齐，正是 4.2 节说的输入填充）。
 #
 # 第 1 章 1.6 节案例里的 `--max-wait 30ms` 在 minibatch 里就是 `max_wait_ms=30`（minibatch 自己的选项）。
-# 注意 vLLM 的连续批处理并没有同名参数；与之最接近的是它曾经提供的 `--scheduler-delay-factor`（vLLM PR #3279），
+# 注意 vLLM 的连续批处理并没有同名参数；与之最接近的是 V0 引擎的 `--scheduler-delay-factor`（vLLM PR #3279 引入；vLLM v0.7
+# `vllm/engine/arg_utils.py`，默认 0.0），
 # 按上一次预填充耗时的倍数推迟下一次预填充。
 #
 # 窗口的作用可以粗略估算：若服务器空闲，到达率为 $\lambda$（泊松），第一个请求到达后，窗口 $w$ 内平均还会再来 $\lambda w$ 个，
@@ -223,32 +233,39 @@ md_table(["max_wait_ms", "TTFT p50 (ms)", "TTFT p50 increase (ms)", "mean batch"
 
 # %%
 mid, high = WIN_RATES[1], WIN_RATES[-1]
-display(Markdown(
-    f"在 {WIN_RATES[0]} req/s 下，即使是最大的窗口，$\\lambda w$ 也只有 {WIN_RATES[0] * max(WINDOWS) / 1000:.1f}："
-    f"窗口几乎原样加到了 TTFT 上（200 ms 窗口让 TTFT p50 增加了 "
-    f"{(win[(200, WIN_RATES[0])]['ttft_p50'] - base['ttft_p50']) * 1e3:.0f} ms），平均批大小却只从 {base['mean_batch_size']:.2f} "
-    f"变到 {win[(200, WIN_RATES[0])]['mean_batch_size']:.2f}。到 {mid} req/s，窗口开始“买到”东西：GPU 忙碌比例从 "
-    f"{win[(0, mid)]['gpu_busy']:.2f} 降到 {win[(200, mid)]['gpu_busy']:.2f}（同样的请求少用了 "
-    f"{1 - win[(200, mid)]['gpu_busy'] / win[(0, mid)]['gpu_busy']:.0%} 的 GPU 时间），代价是 TTFT p50 从 "
-    f"{win[(0, mid)]['ttft_p50'] * 1e3:.0f} ms 变为 {win[(200, mid)]['ttft_p50'] * 1e3:.0f} ms。"
-    f"到 {high} req/s，服务器一直忙，队列在上一批运行期间就已积满，四种窗口的 TTFT p50（"
-    + "、".join(f"{win[(w, high)]['ttft_p50'] * 1e3:.0f}" for w in WINDOWS)
-    + f" ms）与吞吐（约 {win[(0, high)]['request_throughput']:.1f} req/s）都几乎相同。"
-    "注意：在未饱和的区间，吞吐始终等于到达率（第 3 章的 Little 定律与稳定性），窗口并不能让你“多处理”请求；"
-    "它换来的是更少的 GPU 时间。"))
+lo200 = win[(200, WIN_RATES[0])]
+saved = 1 - win[(200, mid)]["gpu_busy"] / win[(0, mid)]["gpu_busy"]
+high_ttft = "、".join(f"{win[(w, high)]['ttft_p50'] * 1e3:.0f}" for w in WINDOWS)
+assert abs((lo200["ttft_p50"] - base["ttft_p50"]) - 0.2) < 0.05, "the prose says a 200 ms window adds about 200 ms"
+assert saved > 0, "the prose says the window saves GPU time at the middle rate"
+assert max(win[(w, high)]["ttft_p50"] for w in WINDOWS) < 1.2 * min(win[(w, high)]["ttft_p50"] for w in WINDOWS)
+
+# %% [markdown]
+# 在 {{WIN_RATES[0]}} req/s 下，即使是最大的窗口，$\lambda w$ 也只有 {{WIN_RATES[0] * max(WINDOWS) / 1000:.1f}}：窗口几乎原样加到了
+# TTFT 上（200 ms 窗口让 TTFT p50 增加了 {{(lo200['ttft_p50'] - base['ttft_p50']) * 1e3:.0f}} ms），平均批大小却只从
+# {{base['mean_batch_size']:.2f}} 变到 {{lo200['mean_batch_size']:.2f}}。到 {{mid}} req/s，窗口开始“买到”东西：GPU 忙碌比例从
+# {{win[(0, mid)]['gpu_busy']:.2f}} 降到 {{win[(200, mid)]['gpu_busy']:.2f}}（同样的请求少用了 {{saved:.0%}} 的 GPU 时间），
+# 代价是 TTFT p50 从 {{win[(0, mid)]['ttft_p50'] * 1e3:.0f}} ms 变为 {{win[(200, mid)]['ttft_p50'] * 1e3:.0f}} ms。
+# 到 {{high}} req/s，服务器一直忙，队列在上一批运行期间就已积满，四种窗口的 TTFT p50（{{high_ttft}} ms）与吞吐
+# （约 {{win[(0, high)]['request_throughput']:.1f}} req/s）都相差无几——这时服务器已经过载，这几个 TTFT 的绝对值取决于回放了多少个
+# 请求（这里每点 200 个），只有它们“彼此相近”这一点有意义。注意：在未饱和的区间，吞吐始终等于到达率（第 3 章的 Little
+# 定律与稳定性），窗口并不能让你“多处理”请求；它换来的是更少的 GPU 时间。
 
 # %% [markdown]
 # ## 4.5 高负载下的瓶颈：批大小与等待最慢者
 #
 # 既然高负载时窗口无关紧要，决定请求级批处理上限的就是批大小 `max_batch_size` 和“等整批跑完”。下面固定到达率为 40 req/s
-# （超过上面任何配置的处理能力），改变 `max_num_seqs`，并与同一上限下的连续批处理对比：
+# （超过上面任何配置的处理能力），改变 `max_num_seqs`，并与同一上限下的连续批处理对比。过载时吞吐就是饱和吞吐，按稳态测
+# （`summary(trim=0.2)`，去掉预热与收尾）；TTFT 则随回放长度一直增长，表中的值只能用来比较同样长度的运行：
 
 # %% tags=["nbval-check-output"]
 rows = []
 for B in (4, 8, 16, 32):
     wl = synthetic(200, 40, **WIN_SHAPE, seed=0)
-    d = run(wl, **{**DYN, "max_num_seqs": B}, max_wait_ms=50).summary()
-    c = run(wl, **SIM, policy="continuous", max_num_seqs=B, max_num_batched_tokens=8192).summary()
+    dr = run(wl, **{**DYN, "max_num_seqs": B}, max_wait_ms=50)
+    cr = run(wl, **SIM, policy="continuous", max_num_seqs=B, max_num_batched_tokens=8192)
+    d = {**dr.summary(trim=0.2), "padding_waste": dr.summary()["padding_waste"]}
+    c = cr.summary(trim=0.2)
     rows.append([B, f"{d['request_throughput']:.1f}", f"{d['padding_waste']:.2f}", f"{d['ttft_p50']:.2f}",
                  f"{c['request_throughput']:.1f}", f"{c['ttft_p50']:.2f}"])
 md_table(["max_num_seqs", "dynamic: req/s", "dynamic: padding waste", "dynamic: TTFT p50 (s)",
@@ -309,3 +326,17 @@ W.interact(explore,
 #    （提示：覆盖 `dispatch_ready`）。与原策略比较低负载下的 TTFT 与批大小分布。完成 L02 之后再做会更顺手。
 # 5. **思考题。** 第 1 章案例把 `max-wait` 从 30 ms 降到 20 ms 的同时把 `max-num-seqs` 从 8 提到 16。结合本章的结果，
 #    这两个改动分别在什么负载区间起作用？
+#
+# <details><summary>提示与参考答案</summary>
+#
+# 1. `np.random.default_rng(0)` 抽 $B$ 个对数正态样本、重复几千次取 $\max$ 的均值；$\mathbb{E}[\max_i o_i]$ 随 $B$ 增长
+#    （长尾分布增长得更快），浪费随之趋近 1。引擎测得的 `padding_waste` 应落在这条曲线附近（一次运行只有 64 个请求，有抽样误差）。
+# 2. 排序后同一批的输出长度相近，$\max_i o_i$ 接近批内均值，浪费大幅下降——这就是按长度分桶（Bucketing）；
+#    它需要事先知道（或预测）输出长度。
+# 3. 预测 $1 + 2\times0.1 = 1.2$、$1.4$、$1.8$；服务器忙时请求已在队列里等候，发车时的批比这个估计大，所以估计偏低。
+# 4. 在 `dispatch_ready` 里，除了“凑满 `max_num_seqs`”与“窗口到期”，再加一条“等待数属于偏好批大小之一”；低负载下它让批
+#    更早发车（TTFT 更短），批大小分布集中在那几个值上。
+# 5. 把 `max-wait` 从 30 ms 降到 20 ms 只在低负载、队列常被清空时起作用（TTFT 少等约 10 ms）；把 `max-num-seqs` 从 8 提到 16
+#    在高负载时起作用（每批能装更多请求，饱和吞吐更高）。
+#
+# </details>

@@ -32,13 +32,13 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from IPython.display import Markdown, display
+from IPython.display import display
 
 import minibatch
 from minibatch.policies.continuous import ContinuousPolicy
 from minibatch.runner import run
 from minibatch.scheduler import Scheduler
-from minibatch.viz import batch_composition, gantt, md_table
+from minibatch.viz import batch_composition, diagrams, gantt, md_table
 from minibatch.workload import fixed, lognormal, synthetic
 
 SIM = dict(executor="sim", model="llama-2-7b", hardware="a100-80g")   # the simulated server of this chapter
@@ -78,7 +78,8 @@ print(inspect.getsource(ContinuousPolicy))
 # - **序列数上限** `max_num_seqs`：一步最多容纳几个请求（相当于批大小上限，也限制了同时占用 KV 的请求数）；
 # - **Token 预算** `max_num_batched_tokens`：一步最多计算多少个新 Token。
 #
-# 与 vLLM V1 一样，minibatch 对每个请求只用两个计数器：`num_tokens`（提示长度 + 已生成的 Token 数）与 `num_computed_tokens`
+# 与 vLLM V1 引擎一样（vLLM v0.10.2 的 `vllm/v1/request.py` 与 `vllm/v1/core/sched/scheduler.py`），minibatch 对每个请求只用
+# 两个计数器：`num_tokens`（提示长度 + 已生成的 Token 数）与 `num_computed_tokens`
 # （KV 已经写进缓存的 Token 数）。一步中请求要算的新 Token 数就是两者之差：刚到达的请求差整个提示（预填充），
 # 解码中的请求差 1 个，被切块的预填充差剩下的部分，被抢占后重算（Recompute）的请求差全部。于是一步的约束就是
 #
@@ -89,7 +90,15 @@ print(inspect.getsource(ContinuousPolicy))
 #
 # 运行中的请求排在前面，所以解码（每个 1 个 Token）先拿预算，剩下的预算给新请求的预填充；开启分块预填充（Chunked Prefill，
 # `enable_chunked_prefill=True`，默认）时，放不下的长提示只算预算剩下的那一块，下一步接着算（第 11 章详谈）。
-# KV 块不够时，从顺序的末尾抢占运行中的请求（第 12 章）。下面是调度器的源码：
+# KV 块不够时，从顺序的末尾抢占运行中的请求（第 12 章）。先看一张示意图：三个解码中的请求各拿 1 个 Token，
+# 等待队列里的第一个长提示词拿走剩下的全部预算（被切成一块），第二个只能等下一步：
+
+# %%
+diagrams.scheduler_step([("run0", 1), ("run1", 1), ("run2", 1)], [("wait0", 700), ("wait1", 120)],
+                        budget=512, max_num_seqs=8)
+
+# %% [markdown]
+# 下面是调度器的源码，它做的就是图中这件事：
 
 # %%
 print(inspect.getsource(Scheduler.schedule))
@@ -159,21 +168,24 @@ plt.show()
 
 # %%
 st_, ct_ = (tiny[p] for p in ("static", "continuous"))
-display(Markdown(
-    f"调度的差别一目了然：`static` 要 {len(st_.steps)} 步，平均每步只有 {st_.summary()['mean_batch_size']:.2f} 个序列在计算，"
-    f"{st_.summary()['padding_waste']:.0%} 的槽位步被已结束的请求白白占着（红色）；`continuous` 只要 {len(ct_.steps)} 步，"
-    "批在队列排空之前一直是满的。两种策略下每个请求生成的 Token 完全相同——组批方式只改变**什么时候**算，不改变**算出什么**"
-    "（这是 minibatch 的测试所保证的不变量：贪心解码的结果与 Hugging Face `transformers` 单独生成一致）。"
-    "至于墙钟上的收益（上面那张表，数字每次运行都会变）：tiny 模型在 CPU 上的步长随批大小增长得比 GPU 快得多"
-    "（CPU 算力小，一个小批就接近计算受限），所以步数的减少只部分转化为吞吐；在 GPU 上解码是访存受限的，"
-    "步数减少几乎全部转化为吞吐——这就是下一节要在模拟器里看的。"))
+assert len(ct_.steps) < len(st_.steps) and same, "the prose says continuous takes fewer steps, same tokens"
+
+# %% [markdown]
+# 调度的差别一目了然：`static` 要 {{len(st_.steps)}} 步，平均每步只有 {{st_.summary()['mean_batch_size']:.2f}} 个序列在计算，
+# {{st_.summary()['padding_waste']:.0%}} 的槽位步被已结束的请求白白占着（红色）；`continuous` 只要 {{len(ct_.steps)}} 步，
+# 批在队列排空之前一直是满的。两种策略下每个请求生成的 Token 完全相同——组批方式只改变**什么时候**算，不改变**算出什么**
+# （这是 minibatch 的测试所保证的不变量：贪心解码的结果与 Hugging Face `transformers` 单独生成一致）。
+# 至于墙钟上的收益（上面那张表，数字每次运行都会变）：tiny 模型在 CPU 上的步长随批大小增长得比 GPU 快得多
+# （CPU 算力小，一个小批就接近算力受限，第 2 章），所以步数的减少只部分转化为吞吐；在 GPU 上解码是访存受限的，
+# 步数减少几乎全部转化为吞吐——这就是下一节要在模拟器里看的。
 
 # %% [markdown]
 # ## 5.4 在模拟器里放大：偏斜负载下的请求级与迭代级
 #
 # 现在换到模拟的 Llama-2-7B / A100-80GB，负载是一个输出长度偏斜的在线流：泊松到达 6 req/s，提示长度中位数 256，
 # 输出长度对数正态（中位数 64，$\sigma=1$，上限 1024，长尾明显）。三种策略使用相同的批大小上限 `max_num_seqs=32`：
-# `static`、`dynamic`（`max_wait_ms=50`）与 `continuous`。
+# `static`、`dynamic`（`max_wait_ms=50`）与 `continuous`。吞吐与延迟都按稳态统计（`summary(trim=0.2)`：去掉到达时间跨度
+# 最前与最后 20% 里到达的请求，吞吐只数这段时间窗里完成的请求）；过载的策略没有稳态，它的延迟会随回放长度一直增长。
 
 # %% tags=["nbval-check-output"]
 SKEW = dict(input_len=lognormal(median=256, sigma=0.5, max=1024),
@@ -188,25 +200,35 @@ md_table(["policy", "throughput (req/s)", "output tok/s", "TTFT p50 (s)", "TTFT 
           "mean seqs per step", "padding waste"],
          [[p, f"{s['request_throughput']:.2f}", f"{s['throughput_tok_s']:.0f}", f"{s['ttft_p50']:.3f}",
            f"{s['ttft_p99']:.2f}", f"{s['e2e_mean']:.2f}", f"{s['e2e_p99']:.2f}", f"{s['mean_batch_size']:.1f}",
-           f"{s['padding_waste']:.2f}"] for p, s in ((p, r.summary()) for p, r in skew.items())])
+           f"{s['padding_waste']:.2f}"] for p, s in ((p, {**r.summary(), **r.summary(trim=0.2)}) for p, r in skew.items())])
 
 # %%
-ss, sd, sc = (skew[p].summary() for p in ("static", "dynamic", "continuous"))
-lam_c = sc["num_requests"] / sc["duration_s"]                       # Little's law, as in chapter 3
-L_c = sum(st.duration * (st.num_running + st.num_waiting) for st in skew["continuous"].steps) / sc["duration_s"]
-display(Markdown(
-    f"到达率是 {ws['rate']:.2f} req/s，而请求级的 `static` 只处理了 {ss['request_throughput']:.2f} req/s——它已经过载："
-    f"{ss['padding_waste']:.0%} 的槽位步被已完成的请求占着，长尾请求把整批拖住，队列越排越长，TTFT p50 达到 {ss['ttft_p50']:.1f} s。"
-    f"加一个 50 ms 的窗口（`dynamic`）无济于事（{sd['request_throughput']:.2f} req/s）：第 4 章说过，高负载下窗口不起作用，"
-    f"瓶颈是等整批跑完。`continuous` 跟上了到达率（{sc['request_throughput']:.2f} req/s），TTFT p50 只有 {sc['ttft_p50'] * 1e3:.0f} ms，"
-    f"平均 E2E 从 {ss['e2e_mean']:.1f} s 降到 {sc['e2e_mean']:.1f} s。"
-    f"再看平均每步**在计算**的序列数：两者相近（{ss['mean_batch_size']:.1f} 与 {sc['mean_batch_size']:.1f}），含义却完全不同。"
-    f"`static` 是在队列很长、严重过载时，32 个槽位里平均只有这么几个在计算，其余被已完成的请求占着；"
-    f"`continuous` 没有过载，它的并发数只是负载所需——第 3 章的 Little 定律给出 $\\lambda \\cdot \\overline{{E2E}}$ = "
-    f"{lam_c:.2f} × {sc['e2e_mean']:.2f} ≈ {lam_c * sc['e2e_mean']:.1f}，与引擎按时间平均测得的系统内请求数 {L_c:.1f} 一致。"
-    "Anyscale 的博客（Daniel et al., *How continuous batching enables 23x throughput in LLM inference while reducing p50 latency*, 2023）"
-    "报告借助 vLLM（连续批处理加 PagedAttention），吞吐最高可达朴素静态批处理的 23 倍；倍数取决于输出长度有多偏斜、对比的批大小和负载，"
-    "这里的负载并未把连续批处理推到饱和，所以吞吐之比只反映了 `static` 的饱和点。"))
+ss, sd, sc = ({**skew[p].summary(), **skew[p].summary(trim=0.2)} for p in ("static", "dynamic", "continuous"))
+whole = skew["continuous"].summary()
+lam_c = whole["num_requests"] / whole["duration_s"]                 # Little's law, as in chapter 3
+L_c = sum(st.duration * (st.num_running + st.num_waiting) for st in skew["continuous"].steps) / whole["duration_s"]
+offered = sc["num_requests"] / sc["window_s"]                      # arrivals per second inside the steady window
+assert ss["request_throughput"] < 0.9 * offered and sd["request_throughput"] < 0.9 * offered, \
+    "the prose says request-level batching is overloaded"
+assert abs(sc["request_throughput"] / offered - 1) < 0.05, "the prose says continuous keeps up"
+assert abs(L_c / (lam_c * whole["e2e_mean"]) - 1) < 0.05, "the prose says Little's law holds"
+
+# %% [markdown]
+# 稳态时间窗里的到达率是 {{offered:.2f}} req/s（整段负载平均 {{ws['rate']:.2f}} req/s），而请求级的 `static` 在这段时间里只完成了
+# {{ss['request_throughput']:.2f}} req/s——它已经过载：
+# {{ss['padding_waste']:.0%}} 的槽位步被已完成的请求占着，长尾请求把整批拖住，队列越排越长，TTFT p50 达到
+# {{ss['ttft_p50']:.1f}} s（这个数取决于回放了多久：过载时没有稳态）。加一个 50 ms 的窗口（`dynamic`）无济于事
+# （{{sd['request_throughput']:.2f}} req/s）：第 4 章说过，高负载下窗口不起作用，瓶颈是等整批跑完。`continuous` 跟上了到达率
+# （{{sc['request_throughput']:.2f}} req/s），TTFT p50 只有 {{sc['ttft_p50'] * 1e3:.0f}} ms，平均 E2E 从 {{ss['e2e_mean']:.1f}} s
+# 降到 {{sc['e2e_mean']:.1f}} s。
+#
+# 再看平均每步**在计算**的序列数：两者相近（{{ss['mean_batch_size']:.1f}} 与 {{sc['mean_batch_size']:.1f}}），含义却完全不同。
+# `static` 是在队列很长、严重过载时，32 个槽位里平均只有这么几个在计算，其余被已完成的请求占着；`continuous` 没有过载，
+# 它的并发数只是负载所需——第 3 章的 Little 定律给出 $\lambda \cdot \overline{E2E}$ = {{lam_c:.2f}} × {{whole['e2e_mean']:.2f}}
+# ≈ {{lam_c * whole['e2e_mean']:.1f}}，与引擎按时间平均测得的系统内请求数 {{L_c:.1f}} 一致。Anyscale 的博客（Daniel et al.,
+# *How continuous batching enables 23x throughput in LLM inference while reducing p50 latency*, 2023）报告借助 vLLM
+# （连续批处理加 PagedAttention），吞吐最高可达朴素静态批处理的 23 倍；倍数取决于输出长度有多偏斜、对比的批大小和负载，
+# 这里的负载并未把连续批处理推到饱和，所以吞吐之比只反映了 `static` 的饱和点。
 
 # %% [markdown]
 # 把三次运行的批占用率随时间画出来（每一步一个点：在计算的序列数；`static`/`dynamic` 额外画出被已完成请求占住的槽位）。
@@ -302,3 +324,17 @@ W.interact(explore,
 # 4. **策略切换。** 用 `minibatch.runner.RunController` 在一次运行的中途把策略从 `static` 切换到 `continuous`
 #    （`controller.set("policy", "continuous")`，可在 `on_step` 回调里按时间触发），画出批占用率，标出切换时刻。
 # 5. **动手实现。** 完成实验 L03：写出调度一步的函数，并让它在随机状态上与 `Scheduler.schedule` 的结果逐一相同。
+#
+# <details><summary>提示与参考答案</summary>
+#
+# 1. 没有差别：所有请求同时结束，请求级批处理没有填充浪费，两者每一步算的东西完全相同（步数相同，`padding_waste` 为 0）。
+# 2. 预算太小时，长提示词要被切成很多块、分很多步才能算完，TTFT 变长；预算太大时，一步里塞进大段预填充，同一步里解码的
+#    请求被拖慢，TPOT（尤其 ITL 的尾部）变差。
+# 3. 吞吐随 `max_num_seqs` 增长到一定程度后持平，TPOT 随批增大而变长。由 Little 定律，系统里要容纳 $\lambda \cdot E2E$ 个请求；
+#    `max_num_seqs` 小于它时，多出来的请求只能排队，而排队又让 E2E 变长，TTFT 随之爆炸。
+# 4. 在 `on_step` 回调里比较 `now` 与切换时刻，调用一次 `controller.set("policy", "continuous")`；`RunResult.reconfigurations`
+#    记录了切换时刻，画批占用率时用 `axvline` 标出即可。
+# 5. 先按运行中、再按等待中的顺序遍历，给每个请求 `min(num_tokens - num_computed_tokens, 剩余预算)` 个 Token（不分块时
+#    放不下就跳过），直到预算或 `max_num_seqs` 用完；L03 的检查会告诉你哪一步与 `Scheduler.schedule` 不同。
+#
+# </details>

@@ -12,8 +12,10 @@
 # - 会用公式 $2 \cdot L \cdot H_{kv} \cdot d \cdot b$ 计算任意模型每个 Token 的 KV 字节数，理解 GQA 为什么能把它缩小数倍；
 # - 会估算一个模型在一张 GPU 上能放下多少 KV Token、能同时服务多少条序列，并知道哪些组合根本放不下；
 # - 理解“按最大长度连续预分配”（Contiguous Pre-allocation）与实际使用量之间的差距；
-# - 能区分三种浪费：**预留未用**（Reservation）、**内部碎片**（Internal Fragmentation）、**外部碎片**（External Fragmentation），
-#   并在 minibatch 引擎里用 `kv_allocator="contiguous"` 与 `"paged"` 实测它们；
+# - 按 vLLM 论文（SOSP'23 §3）的定义区分 KV 显存里的四种状态：**Token 状态**（已写入）、**预留**（Reserved，
+#   将来会写入）、**内部碎片**（Internal Fragmentation，分配了却永远不会写入）、**外部碎片**（External Fragmentation，
+#   空闲却因不连续而分不出去），并在 minibatch 引擎里用 `kv_allocator="contiguous"`（两种预留大小）与 `"paged"` 实测它们；
+# - 分清两个常被混为一谈的现象：大小相同的预留之间**不会**产生外部碎片，池子除不尽预留大小剩下的块只是**取整余量**；
 # - 看懂显存浪费如何直接变成批大小与吞吐量的损失，为第 7 章的 PagedAttention 做铺垫。
 
 # %%
@@ -22,8 +24,6 @@ import math
 
 import matplotlib.pyplot as plt
 import numpy as np
-from IPython.display import Markdown, display
-
 import minibatch
 from minibatch.kv_cache import BlockPool, KVCacheManager
 from minibatch.runner import run
@@ -67,20 +67,24 @@ for name in MODELS:
 
 # %%
 m7, m13, m70, m8 = (get_model_spec(n) for n in ("llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b"))
-display(Markdown(
-    f"几点观察（数字由上一格计算）：Llama-3-8B 和 Llama-2-7B 层数、头维度相同，但它只有 {m8.num_kv_heads} 个 KV 头"
-    f"（GQA，每 {m8.num_heads // m8.num_kv_heads} 个查询头共用一个），所以每个 Token 的 KV 只有 Llama-2-7B 的 "
-    f"{m8.kv_bytes_per_token / m7.kv_bytes_per_token:.2f} 倍；Llama-2-70B 参数是 13B 的 "
-    f"{m70.num_params / m13.num_params:.1f} 倍，但同样得益于 GQA，每个 Token 的 KV 反而只有 13B 的 "
-    f"{m70.kv_bytes_per_token / m13.kv_bytes_per_token:.2f} 倍。"
-    f"一条 4096 Token 的 Llama-2-13B 序列就要 {m13.kv_bytes_per_token * 4096 / GiB:.2f} GiB——"
-    "KV Cache 与权重一样，是显存里的“大户”。"))
+assert m8.kv_bytes_per_token < m7.kv_bytes_per_token and m70.kv_bytes_per_token < m13.kv_bytes_per_token, \
+    "the prose says GQA makes the bigger models' KV per token smaller"
+
+# %% [markdown]
+# 几点观察：Llama-3-8B 和 Llama-2-7B 层数、头维度相同，但它只有 {{m8.num_kv_heads}} 个 KV 头
+# （GQA，每 {{m8.num_heads // m8.num_kv_heads}} 个查询头共用一个），所以每个 Token 的 KV 只有 Llama-2-7B 的
+# {{m8.kv_bytes_per_token / m7.kv_bytes_per_token:.2f}} 倍；Llama-2-70B 参数是 13B 的
+# {{m70.num_params / m13.num_params:.1f}} 倍，但同样得益于 GQA，每个 Token 的 KV 反而只有 13B 的
+# {{m70.kv_bytes_per_token / m13.kv_bytes_per_token:.2f}} 倍。
+# 一条 4096 Token 的 Llama-2-13B 序列就要 {{m13.kv_bytes_per_token * 4096 / GiB:.2f}} GiB——
+# KV Cache 与权重一样，是显存里的“大户”。
 
 # %% [markdown]
 # ## 6.2 一张 GPU 能放下多少 KV
 #
 # 推理引擎启动时先加载权重，再把剩下的显存（扣掉 CUDA 上下文、激活值等预留）全部切给 KV Cache。
-# vLLM 用 `gpu_memory_utilization`（默认 0.9）限定引擎可用的显存比例。于是：
+# vLLM 用 `gpu_memory_utilization` 限定引擎可用的显存比例（vLLM v0.10.2 `vllm/config/cache.py` 的
+# `CacheConfig.gpu_memory_utilization`，默认 0.9，`vllm serve` 与 `LLM` 类相同）。于是：
 #
 # $$
 # N_{\text{tokens}} = \left\lfloor \frac{M_{\text{GPU}} \cdot u - W - R}{\text{kv\_bytes\_per\_token}} \right\rfloor,
@@ -88,7 +92,8 @@ display(Markdown(
 # N_{\text{seqs}} = \left\lfloor \frac{N_{\text{tokens}}}{\text{每条序列的 Token 数}} \right\rfloor
 # $$
 #
-# 其中 $M_{\text{GPU}}$ 是显存容量，$u$ 是 `gpu_memory_utilization`，$W$ 是权重字节数，$R$ 是激活与运行时预留。
+# 其中 $M_{\text{GPU}}$ 是显存容量，$u$ 是 `gpu_memory_utilization`，$W$ 是权重字节数，$R$ 是留给激活值与运行时的保留量
+# （不要与 6.4 节 KV 的“预留”混淆）。
 # minibatch 的模拟器用 `RooflineCostModel.kv_capacity_tokens` 计算它（下面打印其源码的文档部分），
 # `SimExecutor` 正是用这个数决定模拟时 KV 池有多少块：
 
@@ -176,32 +181,44 @@ plt.show()
 
 
 # %% [markdown]
-# 预留而没有用到的部分，其他请求也用不了——这是连续预分配最大的一块浪费。vLLM 论文测量了当时的系统，
-# 报告 KV Cache 显存中**只有 20.4%–38.2%** 真正存放了 Token 的状态（Kwon et al., SOSP'23, Figure 2），
-# 与上面用公开轨迹算出的比例是同一个数量级。
+# 按 `max_model_len` 预留而直到请求结束都没有用到的部分，其他请求也用不了——这是连续预分配最大的一块浪费，
+# vLLM 论文把它归入**内部碎片**（下一节）。论文测量了当时的系统（Orca 的三种预留方式），报告 KV Cache 显存中
+# **只有 20.4%（按最大长度预留，Orca-Max）到 38.2%（按真实输出长度预留，Orca-Oracle）** 真正存放了 Token 状态
+# （Kwon et al., SOSP'23, §2.3 与 Figure 2）。上面的比例只是“一个请求用满了自己预留的几成”，
+# 不是整个池子的构成，两者不能直接相比；6.4 节在引擎里按论文的口径测量。
 
 # %% [markdown]
-# ## 6.4 三种浪费：预留未用、内部碎片、外部碎片
+# ## 6.4 论文的分类：预留、内部碎片、外部碎片
 #
-# 设 KV 池有 $N$ 个块，每块 $B$ 个 Token 槽位（slot）。一个已计算 $c$ 个 Token、持有 $k$ 个块的请求：
+# vLLM 论文（Kwon et al., SOSP'23, §3 与 Figure 3）把连续预分配的 KV 显存分成 Token 状态之外的三类浪费，本课程的
+# 术语表（`docs/glossary.md`）沿用同样的定义。设一个请求已计算 $c$ 个 Token，持有 $h$ 个槽位（slot），到结束时一共会写入
+# $w$ 个槽位（提示词加输出，减去最后一个输出 Token——它的 K/V 从来不会被计算）：
 #
-# - **预留未用**（reserved-but-unused）：整块持有、却一个 Token 也没写的块，$(k - \lceil c/B \rceil) \cdot B$ 个槽位。
-#   连续预分配一次拿下 $\lceil \text{max\_model\_len}/B \rceil$ 个块，这一项很大；按需分配时它为 0。
-# - **内部碎片**（internal fragmentation，又称末块浪费 last-block waste）：最后一个块没写满的槽位，
-#   $\lceil c/B \rceil \cdot B - c$，每个请求最多 $B-1$ 个。
-# - **外部碎片**（external fragmentation）：空闲的显存加起来够用，却因为不连续而分不出一段足够长的区间，
-#   只能让请求在队列里等。
+# - **预留**（Reserved）：为这个请求将来的 Token 占下、尚未写入的槽位，$\min(h, w) - c$。它们迟早会被用上，
+#   但在被用上之前，别的请求也用不了。
+# - **内部碎片**（Internal Fragmentation）：分配给了这个请求、但**直到它结束都不会被写入**的槽位，$\max(0, h - w)$。
+#   按 `max_model_len` 预留时，它就是“最大长度减去实际长度”的那一大段；分页时它至多是最后一块里没写满的部分。
+# - **外部碎片**（External Fragmentation）：空闲显存加起来够一个请求的预留，却因为散落在几段**大小不一的**预留之间，
+#   分不出一段足够长的连续区间，只能让请求等待。
 #
-# minibatch 的 `KVCacheManager` 在每个 step 之后统计前两项（记入 `StepRecord.kv_reserved_unused` 与
-# `kv_internal_waste`，`RunResult.summary()` 给出按时间加权的平均 `kv_reserved_unused_mean`、`kv_internal_waste_mean`）：
+# $c$、预留与内部碎片加起来恰好是请求持有的 $h$ 个槽位；外部碎片则是空闲块的一部分。minibatch 的 `KVCacheManager`
+# 在每个 step 之后按这个定义统计（`StepRecord.kv_reserved`、`kv_internal_frag`、`kv_external_frag`，
+# `RunResult.summary()` 给出按时间加权的 `kv_reserved_mean`、`kv_internal_frag_mean`、`kv_external_frag_mean`）。
+# $w$ 取的是请求计划的长度 $\min(\text{prompt} + \text{max\_tokens}, \text{max\_model\_len})$：模拟器里每个请求都
+# 生成到 `max_tokens`，所以它是精确的。
 
 # %%
-print(inspect.getsource(KVCacheManager.waste_slots))
+print(inspect.getsource(KVCacheManager.fragmentation_slots))
 
 # %% [markdown]
-# 外部碎片要在**可变长度**的连续分配里才看得清。下面直接用引擎的 `BlockPool` 做一个小实验：
-# 16 个块，依次为 A、B、C、D 连续分配 5、3、5、3 个块（正好占满），再释放 B 和 D。此时空闲块的总数足够一个 4 块的请求，
-# 但没有一段连续空闲区间有那么长——这就是外部碎片。
+# 注意这与引擎里另一组按**块表位置**划分的统计不同：`waste_slots` 的“预留未用”（`kv_reserved_unused`，最后一个已写
+# Token 之后整块持有的槽位）把论文的“预留”和一部分“内部碎片”混在一起；“末块浪费”（Last-block Waste，
+# `kv_internal_waste`，最后一块里没写满的槽位）只是论文内部碎片的一小部分。本章只用论文的口径，
+# 这样才能与论文的 Figure 2 对照。
+#
+# **外部碎片从哪里来？** 下面直接用引擎的 `BlockPool` 做一个小实验：16 个块，依次为 A、B、C、D 连续分配
+# **大小不同**的 5、3、5、3 个块（正好占满），再释放 B 和 D。此时空闲块总数够一个 4 块的请求，但最长的一段连续空闲区间
+# 只有 3 块——这就是外部碎片：
 
 # %%
 pool = BlockPool(16)
@@ -209,87 +226,105 @@ runs = {name: pool.allocate_contiguous(n) for name, n in zip("ABCD", [5, 3, 5, 3
 pool.release(runs.pop("B"))
 pool.release(runs.pop("D"))
 print("held:", {k: f"blocks {v[0]}-{v[-1]}" for k, v in runs.items()}, " free:", sorted(pool.free_queue))
-print(f"{pool.num_free_blocks} free blocks; 4 contiguous blocks: {pool.allocate_contiguous(4)}; "
-      f"4 blocks anywhere (paged): {pool.allocate(4)}")
+print(f"{pool.num_free_blocks} free blocks, longest free run {pool.longest_free_run()}; "
+      f"4 contiguous blocks: {pool.allocate_contiguous(4)}; 4 blocks anywhere (paged): {pool.allocate(4)}")
 
 # %% [markdown]
-# 按需分配的分页（Paged）方式只要有空闲块就能用，外部碎片在这里根本不存在——这正是第 7 章 PagedAttention 的出发点。
+# 如果所有预留**大小相同**（都按 `max_model_len`），外部碎片就不会出现：首次适配（First Fit）总把新预留放进
+# 某个与旧预留一样长的空洞里，只要空闲块数不少于一个预留，就一定有一段够长的连续区间（论文 §3 也把外部碎片归因于
+# “不同请求的预留大小不同”）。这时池子里分不出去的那几个块，是池子大小除以预留大小的**取整余量**（Rounding
+# Remainder）：它们是空闲的，只是凑不成一整段预留——不是碎片，换一种排列也分不出去。
 #
-# ### 在引擎里实测：`contiguous` 与 `paged`
+# 按需分页（Paged）的方式只要有空闲块就能用，既没有外部碎片，也没有取整余量——这正是第 7 章 PagedAttention 的出发点。
 #
-# minibatch 的 `kv_allocator` 选项提供两种分配器（见 `minibatch/kv_cache.py` 模块文档）：
+# ### 在引擎里实测：两种连续预留与分页
 #
-# - `"paged"`（默认）：块按需一块一块地分配，可以在池中任意位置；
-# - `"contiguous"`：请求被接纳时一次性预留 `max_model_len`（向上取整到块）个**连续**块，模拟分页出现之前的系统。
+# minibatch 的 `kv_allocator` 与 `contiguous_reserve` 选项组合出三种分配方式（见 `minibatch/kv_cache.py` 模块文档）：
+#
+# | 配置 | 每个请求占下什么 | 对应论文 Figure 2 中的 |
+# |---|---|---|
+# | `kv_allocator="contiguous"`（`contiguous_reserve="max_model_len"`，默认） | 一段 `max_model_len` 的连续块，大小都相同 | Orca (Max) |
+# | `kv_allocator="contiguous", contiguous_reserve="request"` | 一段 $\min(\text{prompt}+\text{max\_tokens}, \text{max\_model\_len})$ 的连续块，大小各不相同 | Orca (Oracle)：这里 `max_tokens` 就是真实输出长度 |
+# | `kv_allocator="paged"`（默认） | 按需一块一块地分配，位置任意 | vLLM |
 #
 # 实验设置：模拟器里的 Llama-2-7B 跑在一张 A10 上，`max_model_len = 4096`。负载用 `load_workload("chat")`
-# （按 Azure conv 轨迹的长度与到达统计拟合的对话负载）的前 120 个请求，其到达速率高于 A10 的处理能力，
-# 所以两次运行都处在饱和状态，比较的是**满负荷下**的 KV 利用与吞吐。模拟器是确定性的，每次运行结果完全相同。
+# （按 Azure conv 轨迹的长度与到达统计拟合的对话负载）的前 120 个请求，其到达速率高于 A10 的处理能力。
+# 比较的是**满负荷的那段时间**：下面只统计有请求在排队的 step（按时长加权），去掉最后队列排空、池子渐渐变空的收尾阶段。
+# 模拟器是确定性的，每次运行结果完全相同。
 
 # %%
 wl = load_workload("chat", n=120, max_len=MAX_LEN)
 SETUP = dict(executor="sim", model="llama-2-7b", hardware="a10", max_model_len=MAX_LEN)
-results = {alloc: run(wl, kv_allocator=alloc, **SETUP) for alloc in ("contiguous", "paged")}
+ALLOCATORS = {"contiguous, max_model_len": dict(kv_allocator="contiguous"),
+              "contiguous, per request": dict(kv_allocator="contiguous", contiguous_reserve="request"),
+              "paged": dict(kv_allocator="paged")}
+results = {name: run(wl, **SETUP, **kw) for name, kw in ALLOCATORS.items()}
 r0 = results["paged"]
+BS = r0.config["block_size"]
 print(f"{len(wl)} requests, mean prompt {wl.prompt_lens.mean():.0f} + output {wl.output_lens.mean():.0f} tokens; "
-      f"KV pool {r0.kv_blocks_total} blocks x {r0.config['block_size']} tokens = "
-      f"{r0.kv_blocks_total * r0.config['block_size']:,} tokens")
+      f"KV pool {r0.kv_blocks_total} blocks x {BS} tokens = {r0.kv_blocks_total * BS:,} tokens")
 
 
 # %% tags=["nbval-check-output"]
-def waste_table(results):
-    """One row per run: where the KV pool's slots go (time-weighted means over steps)."""
-    rows = {}
-    for name, r in results.items():
-        s = r.summary()
-        w = np.array([st.duration for st in r.steps])
-        free_waiting = np.array([(1 - st.kv_usage) if st.num_waiting > 0 else np.nan for st in r.steps])
-        m = ~np.isnan(free_waiting)
-        rows[name] = {
-            "tokens": s["kv_util_mean"] - s["kv_reserved_unused_mean"] - s["kv_internal_waste_mean"],
-            "reserved_unused": s["kv_reserved_unused_mean"],
-            "last_block": s["kv_internal_waste_mean"],
-            "free_while_waiting": float((free_waiting[m] * w[m]).sum() / w[m].sum()) if m.any() else 0.0,
-            "batch": s["mean_batch_size"],
-            "tok_s": s["throughput_tok_s"],
-            "preempt": s["num_preemptions"],
-        }
-    return rows
+def pool_shares(r):
+    """Time-weighted shares of the pool over the steps with a queue (the saturated part of the run)."""
+    steps = [st for st in r.steps if st.num_waiting > 0]
+    w = np.array([st.duration for st in steps])
+
+    def mean(values):
+        return float((w * np.array(values)).sum() / w.sum())
+
+    used = mean([st.kv_usage for st in steps])
+    reserved, internal = mean([st.kv_reserved for st in steps]), mean([st.kv_internal_frag for st in steps])
+    external = mean([st.kv_external_frag for st in steps])
+    s = r.summary()
+    return {"tokens": used - reserved - internal, "reserved": reserved, "internal": internal,
+            "external": external, "free": 1 - used - external, "batch": mean([st.num_seqs for st in steps]),
+            "tok_s": s["throughput_tok_s"], "preempt": s["num_preemptions"]}
 
 
-table = waste_table(results)
-print(f"{'allocator':<11} {'tokens':>7} {'reserved':>9} {'last-blk':>9} {'free+wait':>10} "
+table = {name: pool_shares(r) for name, r in results.items()}
+print(f"{'allocator':<26} {'tokens':>7} {'reserved':>9} {'internal':>9} {'external':>9} {'free':>6} "
       f"{'batch':>6} {'out tok/s':>10} {'preempt':>8}")
 for name, row in table.items():
-    print(f"{name:<11} {row['tokens']:>7.1%} {row['reserved_unused']:>9.1%} {row['last_block']:>9.2%} "
-          f"{row['free_while_waiting']:>10.1%} {row['batch']:>6.1f} {row['tok_s']:>10.1f} {row['preempt']:>8}")
+    print(f"{name:<26} {row['tokens']:>7.1%} {row['reserved']:>9.1%} {row['internal']:>9.1%} "
+          f"{row['external']:>9.1%} {row['free']:>6.1%} {row['batch']:>6.1f} {row['tok_s']:>10.1f} {row['preempt']:>8}")
 
 # %% [markdown]
-# 各列的含义：`tokens` 是真正存放 Token 的槽位占整个池的比例；`reserved` 是预留未用；`last-blk` 是末块浪费；
-# `free+wait` 是“**有请求在排队时**池中仍空闲的比例”——对连续分配器，它就是外部碎片：剩下的块凑不出一整段
-# `max_model_len`，只能闲着；`batch` 是每个 step 的平均序列数。分页分配器在排队时也有少量空闲，但那不是碎片：
-# 任何请求都能用这些块，它们暂时空着，只是因为队首请求这一步要预填充的 Prompt 片段需要的块比空闲块多，
-# 而正在解码的请求很快就会把它们用掉。
+# 各列都是占整个 KV 池槽位的比例：`tokens` 是 Token 状态，`reserved` 是预留，`internal` 是内部碎片，`external` 是
+# 外部碎片（有请求因为找不到够长的连续区间而等待时的空闲槽位），`free` 是其余的空闲；`batch` 是每个 step 的平均序列数。
 
 # %%
-c, p = table["contiguous"], table["paged"]
-per_req = math.ceil(MAX_LEN / r0.config["block_size"])     # blocks in one contiguous reservation
-display(Markdown(
-    f"连续预分配时，池子看起来很满，但其中 {c['reserved_unused']:.0%} 是预留未用，真正存放 Token 的只有 "
-    f"{c['tokens']:.0%}；{r0.kv_blocks_total} 个块只够 {r0.kv_blocks_total // per_req} 段 {per_req} 块的连续预留，"
-    f"剩下的 {r0.kv_blocks_total % per_req} 块永远分不出去，请求排队时平均有 {c['free_while_waiting']:.0%} 的池子闲着；"
-    f"平均每步只能跑 {c['batch']:.1f} 条序列。分页分配把 Token 占比提高到 {p['tokens']:.0%}，"
-    f"末块浪费只有 {p['last_block']:.1%}，平均批大小升到 {p['batch']:.1f}，输出吞吐从 {c['tok_s']:.0f} 提高到 "
-    f"{p['tok_s']:.0f} tokens/s（{p['tok_s'] / c['tok_s']:.1f} 倍）。代价是分页时 KV 可能被用光，"
-    f"引擎发生了 {p['preempt']} 次抢占（Preemption，第 12 章详谈）；连续预分配一开始就为每个请求留足了空间，从不抢占。"))
+cm, cr, p = (table[n] for n in ALLOCATORS)
+per_req = math.ceil(MAX_LEN / BS)                       # blocks in one max_model_len reservation
+remainder = r0.kv_blocks_total % per_req
+assert cm["external"] == 0 and cr["external"] > 0, "the prose says only different-size reservations fragment externally"
+assert cm["internal"] > cr["internal"] > p["internal"], "the prose orders internal fragmentation so"
+assert cm["tokens"] < cr["tokens"] < p["tokens"], "the prose orders the token-state shares so"
+assert p["batch"] > cm["batch"] and p["tok_s"] > cm["tok_s"], "the prose says paging runs bigger batches, faster"
+assert results["contiguous, max_model_len"].summary()["num_preemptions"] == 0 < p["preempt"]
 
 # %% [markdown]
-# vLLM 论文在 ShareGPT 等负载上报告，同等延迟下 vLLM 的吞吐是 FasterTransformer 和 Orca 的 2–4 倍（Kwon et al., SOSP'23）。
-# 我们的倍数取决于负载的长度分布与 `max_model_len`：请求越短、`max_model_len` 越大，连续预分配浪费越多，差距越大；
-# 本实验的负载输入较长（预填充 Prefill 计算占了很大比重，而预填充并不因批更大而变快），所以上面算出的倍数
-# 如果低于论文的 2–4 倍并不矛盾：论文的对比负载（ShareGPT、Alpaca）输入更短，且对照系统还要按各自的方式预留。
+# 按 `max_model_len` 连续预留时，池子看起来很满，但其中 {{cm['internal']:.0%}} 是内部碎片（每个请求都占着 4096 个
+# Token 的位置，实际只用到一小部分），真正存放 Token 的只有 {{cm['tokens']:.0%}}；外部碎片为 0——预留大小都相同。
+# {{r0.kv_blocks_total}} 个块只够 {{r0.kv_blocks_total // per_req}} 段 {{per_req}} 块的预留，剩下的 {{remainder}} 块
+# 是取整余量，落在 `free` 一列里。平均每步只能跑 {{cm['batch']:.1f}} 条序列。
 #
-# 把每个 step 之后的 KV 池画出来，浪费的来源一目了然（两次运行时长不同，各用自己的时间轴）：
+# 按各自的长度预留（论文的 Orca-Oracle：假设事先知道输出长度）时，内部碎片降到 {{cr['internal']:.1%}}，Token 状态升到
+# {{cr['tokens']:.0%}}，平均批大小 {{cr['batch']:.1f}}；但预留大小各不相同，释放之后池中留下大小不一的空洞，
+# 满负荷时平均有 {{cr['external']:.0%}} 的池子是外部碎片：空闲块够下一个请求用，却没有一段足够长。
+#
+# 分页分配的 Token 状态占 {{p['tokens']:.0%}}，内部碎片只有 {{p['internal']:.2%}}，没有外部碎片；平均批大小
+# {{p['batch']:.1f}}，输出吞吐从 {{cm['tok_s']:.0f}} 提高到 {{p['tok_s']:.0f}} tokens/s
+# （{{p['tok_s'] / cm['tok_s']:.1f}} 倍）。代价是分页时 KV 可能被用光，引擎发生了 {{p['preempt']}} 次抢占
+# （Preemption，第 12 章详谈）；连续预分配一开始就为每个请求留足了空间，从不抢占。
+#
+# 和论文对照：Figure 2 中 Orca (Max) 的 Token 状态占 20.4%、Orca (Oracle) 占 38.2%，vLLM 的浪费不到 4%。这里是同一种
+# 口径（占 KV 池的比例，同样的四类），顺序与论文一致，具体数值取决于负载的长度分布与 `max_model_len`：论文用的是
+# ShareGPT 与 Alpaca 负载和 OPT 模型，这里是对话负载（输入较长）和 Llama-2-7B。吞吐的倍数也一样：论文报告同等延迟下
+# vLLM 的吞吐是 Orca 的 2–4 倍（§6.2），本实验的负载预填充占比大（预填充并不因批更大而变快），倍数因此不同。
+#
+# 把每个 step 之后的 KV 池画出来（按时间分段平均，三次运行时长不同，各用自己的时间轴）：
 
 # %%
 def binned(r, values, bins=120):
@@ -303,31 +338,33 @@ def binned(r, values, bins=120):
     return edges[:-1], mean
 
 
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), sharey=True)
+fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), sharey=True)
 for ax, (name, r) in zip(axes, results.items()):
-    _, reserved = binned(r, [s.kv_reserved_unused for s in r.steps])
-    _, internal = binned(r, [s.kv_internal_waste for s in r.steps])
+    _, reserved = binned(r, [s.kv_reserved for s in r.steps])
+    _, internal = binned(r, [s.kv_internal_frag for s in r.steps])
+    _, external = binned(r, [s.kv_external_frag for s in r.steps])
     t, used = binned(r, [s.kv_usage for s in r.steps])
-    ax.stackplot(t, (used - reserved - internal) * 100, internal * 100, reserved * 100,
-                 labels=["token states", "last-block waste", "reserved, unused"],
-                 colors=["#4e79a7", "#f28e2b", "#ff9d9a"], step="post")
-    if name == "contiguous":
-        per_req = math.ceil(MAX_LEN / r.config["block_size"])
+    ax.stackplot(t, (used - reserved - internal) * 100, reserved * 100, internal * 100, external * 100,
+                 labels=["token states", "reserved", "internal fragmentation", "external fragmentation"],
+                 colors=["#4e79a7", "#a0cbe8", "#ff9d9a", "#b07aa1"], step="post")
+    if name == "contiguous, max_model_len":
         usable = (r.kv_blocks_total // per_req) * per_req / r.kv_blocks_total
-        ax.axhline(usable * 100, color="k", ls="--", lw=1,
-                   label=f"{r.kv_blocks_total // per_req} whole reservations; above: unusable")
-        ax.legend(loc="upper right", fontsize=8)
-    ax.set_title(f"kv_allocator='{name}'", fontsize=10)
+        ax.axhline(usable * 100, color="k", ls="--", lw=1, label="above: rounding remainder")
+    ax.set_title(name, fontsize=10)
     ax.set_xlabel("time (s, simulated)")
     ax.set_ylim(0, 105)
     ax.grid(alpha=0.3)
 axes[0].set_ylabel("% of KV pool slots")
-fig.suptitle("llama-2-7b on A10, max_model_len=4096: where the KV cache goes", fontsize=11)
+axes[1].legend(loc="lower center", fontsize=7)
+axes[0].legend(loc="lower center", fontsize=7)
+fig.suptitle("llama-2-7b on A10, max_model_len=4096: where the KV cache goes (vLLM §3 taxonomy)", fontsize=11)
+fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# 左图中，蓝色（真正的 Token）只占红色预留的一小部分；虚线以上那条始终空着的带子凑不出一整段预留，
-# 是连续分配的外部碎片。右图几乎全是蓝色，橙色的末块浪费细得几乎看不见；偶尔的下探是抢占释放了整条序列的块。
+# 左图中，蓝色（Token 状态）只占一小部分，大片粉色是内部碎片；虚线以上那条带子是取整余量。中图内部碎片几乎消失，
+# 紫色的外部碎片时有时无：它只在“有请求等着、空闲块够、却没有够长的一段”时出现。右图几乎全是蓝色；
+# 偶尔的下探是抢占释放了整条序列的块，以及最后队列排空的收尾阶段。
 #
 # ## 6.5 动手：模型 × GPU × max_model_len → 容量
 #
@@ -370,10 +407,11 @@ widgets.interact(
 #
 # - 每个 Token 的 KV 字节数是 $2 \cdot L \cdot H_{kv} \cdot d \cdot b$；GQA 通过减少 KV 头数把它成倍缩小，
 #   这也是新一代模型（Llama-3、Qwen3）更“好服务”的原因之一。
-# - KV 容量 = （显存 × 利用率 − 权重 − 预留）÷ 每 Token 字节数。模型越大、卡越小，留给 KV 的越少；
+# - KV 容量 = （显存 × 利用率 − 权重 − 运行时保留量）÷ 每 Token 字节数。模型越大、卡越小，留给 KV 的越少；
 #   70B 级模型在单卡上放不下，必须张量并行。
-# - 按 `max_model_len` 连续预分配会带来大量**预留未用**，加上**外部碎片**，真正存放 Token 的显存只占一小部分；
-#   按需分块分配只剩**末块浪费**（每请求最多 $B-1$ 个槽位）。
+# - 按 vLLM 论文的定义，KV 显存分成 Token 状态、预留（将来会写）、内部碎片（永远不会写）和外部碎片（空闲却分不出去）。
+#   按 `max_model_len` 连续预留时，内部碎片是最大的一块；按各自长度预留时内部碎片变小，但大小不一的预留之间出现外部碎片；
+#   大小相同的预留没有外部碎片，分不出去的只是取整余量。按需分页只剩每个请求最后一块里至多 $B-1$ 个槽位的内部碎片。
 # - 显存浪费直接变成批大小的损失，进而变成吞吐量的损失：在同一张卡、同一负载下，分页分配的批更大、吞吐更高。
 #
 # 第 7 章将打开 PagedAttention 的黑盒：块表（Block Table）如何把逻辑 Token 映射到物理块，块大小如何取舍，
@@ -384,10 +422,27 @@ widgets.interact(
 # 1. 用 `get_model_spec("mistral-7b")` 和 `get_model_spec("qwen2.5-7b")` 计算它们的 KV 字节数，与 Llama-2-7B 比较，
 #    说出差异来自公式里的哪一项。
 # 2. 如果把 KV Cache 量化为 FP8（`dtype_bytes=1`），A10 上 Llama-2-13B 的 KV 容量变成多少？
-#    提示：`make_cost_model("llama-2-13b", "a10", dtype_bytes=1)` 会把权重也按 1 字节计算，想一想这与“只量化 KV”有何不同。
+#    `make_cost_model("llama-2-13b", "a10", dtype_bytes=1)` 会把权重也按 1 字节计算，想一想这与“只量化 KV”有何不同。
 # 3. 在 6.4 的实验中把 `max_model_len` 改成 2048（负载用 `load_workload("chat", n=120, max_len=2048)`），
-#    重新比较两种分配器。连续预分配的劣势变大还是变小？为什么？
-# 4. 在 `BlockPool` 的外部碎片小实验里，换一种释放顺序，使得 7 个空闲块恰好能满足一个 4 块的连续请求。
-#    外部碎片与分配、释放的顺序有什么关系？
+#    重新比较三种分配方式。按 `max_model_len` 预留的劣势变大还是变小？为什么？
+# 4. 在 `BlockPool` 的外部碎片小实验里，改为释放 A 和 B（而不是 B 和 D）。现在能分出 4 个连续块吗？
+#    外部碎片与分配、释放的顺序有什么关系？如果四个预留都是 4 块，还会出现外部碎片吗？
 # 5. （思考）连续预分配从不抢占，分页分配会抢占。设计一个负载，使分页分配的抢占代价大到抵消它的批大小优势，
 #    并用模拟器验证。
+#
+# <details><summary>提示与参考答案</summary>
+#
+# 1. 三者头维度都是 128、bf16；Mistral-7B 与 Llama-2-7B 都是 32 层，Mistral 用 GQA（8 个 KV 头），KV 字节数是
+#    Llama-2-7B 的 8/32；Qwen2.5-7B 只有 4 个 KV 头、28 层，是 (4/32)·(28/32)。差别主要在 $H_{kv}$ 一项。
+#    `get_model_spec(name).kv_bytes_per_token` 直接给出结果。
+# 2. 两处都减半：权重从约 24 GiB 变成约 12 GiB（放得下了），每 Token 的 KV 也减半，所以容量远不止翻倍。
+#    只量化 KV 时权重仍是 2 字节，13B 在 24 GB 的 A10 上依然放不下——量化 KV 救不了放不下的权重。
+# 3. 变小：预留只有 2048 Token，每个请求的内部碎片（预留减去实际长度）少了一半，并发的预留段数翻倍。
+#    `chat` 负载的平均长度约 1400 Token，离 2048 更近，Token 状态的占比随之上升。
+# 4. 释放 A（0–4）与 B（5–7）后，空闲块 0–7 连成一段，4 个连续块分得出来：外部碎片取决于哪些预留相邻地被释放。
+#    若所有预留都是 4 块，任何一个被释放的空洞都恰好容纳一个新预留，不会出现外部碎片（见 6.4 节）。
+# 5. 让请求的输出很长且长度接近（例如 `output_len=fixed(1500)`、提示 1000 Token），并同时到达：分页分配会先接纳很多请求，
+#    KV 用尽后反复抢占并重算长前缀（`num_preemptions` 很大），吞吐可能低于连续预留；对比 `preemption_mode="swap"`
+#    或 `admission="guaranteed_no_evict"`（第 12 章）。
+#
+# </details>

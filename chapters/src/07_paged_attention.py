@@ -1,7 +1,8 @@
 # %% [markdown]
 # # 第 7 章 PagedAttention：分页 KV 与块管理器
 #
-# 第 6 章量出了连续预分配（Contiguous Pre-allocation）的代价：大部分 KV 显存被“预留未用”和外部碎片吃掉，
+# 第 6 章量出了连续预分配（Contiguous Pre-allocation）的代价：按 vLLM 论文的定义，大部分 KV 显存是内部碎片（为请求占下、
+# 却直到它结束都用不上的槽位）与预留，预留大小不一时还有外部碎片，
 # 批大小和吞吐量随之缩水。vLLM 的 PagedAttention（Kwon et al., *Efficient Memory Management for Large Language
 # Model Serving with PagedAttention*, SOSP'23）借用操作系统的虚拟内存分页（Paging）思想解决了这个问题：
 # 把每条序列的 KV Cache 切成固定大小的**块**（Block），块在物理上可以散落在显存的任意位置，
@@ -29,7 +30,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from IPython import get_ipython
-from IPython.display import Markdown, display
+from IPython.display import display
 
 from minibatch import LLMEngine, SamplingParams
 from minibatch.executor import ModelExecutor
@@ -37,7 +38,7 @@ from minibatch.kernels import triton_decode
 from minibatch.kernels.reference import paged_decode_attention_ref
 from minibatch.kv_cache import KVCacheManager, hash_block
 from minibatch.runner import run
-from minibatch.viz import kv_block_map
+from minibatch.viz import diagrams, kv_block_map
 from minibatch.workload import load_workload, lognormal, synthetic
 
 print("Triton interpreter:", triton_decode.interpreting())
@@ -111,12 +112,19 @@ def contiguous(table):
     return all(b - a == 1 for a, b in zip(table, table[1:]))
 
 
-scattered = [rid for rid in prompts if eng.kv.block_table(rid) and not contiguous(eng.kv.block_table(rid))]
-display(Markdown(
-    f"块表 {', '.join(scattered)} 在物理上都不连续：每条序列写满一块才申请下一块，几条序列交替增长，"
-    "它们的块自然交错在一起。已结束的 R0 的块回到了空闲队列的**末尾**（它们写满的块还留在前缀缓存里，"
-    f"下面的图中标为 cached），所以空闲队列先交出从未用过的块——R4 拿到的是 {eng.kv.block_table('R4')}。"
-    "无论物理位置如何，对每条序列来说，它的 Token 依然按块表的逻辑顺序排列。"))
+scattered = ", ".join(rid for rid in prompts if eng.kv.block_table(rid) and not contiguous(eng.kv.block_table(rid)))
+assert scattered, "the prose says some block tables are not contiguous"
+assert eng.requests["R0"].is_finished and not eng.kv.block_table("R0"), "the prose says R0 has finished"
+live = {rid: eng.kv.block_table(rid) for rid in prompts if eng.kv.block_table(rid)}
+display(diagrams.block_tables(live, {rid: eng.requests[rid].num_computed_tokens for rid in live},
+                              eng.kv.block_size, eng.kv.num_blocks, figsize=(10, 3.6)))
+
+# %% [markdown]
+# 上图左边是每个请求的逻辑块（按块表顺序，浅色填充的部分是已写入的槽位），右边是它们在物理 KV 池里的位置。
+# 块表 {{scattered}} 在物理上都不连续：每条序列写满一块才申请下一块，几条序列交替增长，
+# 它们的块自然交错在一起。已结束的 R0 的块回到了空闲队列的**末尾**（它们写满的块还留在前缀缓存里，
+# 后面的图中标为 cached），所以空闲队列先交出从未用过的块——R4 拿到的是 {{eng.kv.block_table('R4')}}。
+# 无论物理位置如何，对每条序列来说，它的 Token 依然按块表的逻辑顺序排列。
 
 # %% [markdown]
 # 下面在下一个 step 里“旁听”执行器算出的 `slot_mapping`（只包一层记录函数，不改引擎逻辑），
@@ -169,7 +177,8 @@ display(kv_block_map(eng, columns=16, figsize=(9, 2.4)))
 #   连续读 $B$ 个 Token，访存更零碎，GPU 上的内核效率下降。
 #
 # vLLM 论文的消融实验（Kwon et al., SOSP'23, §7.2）发现块太小会让内核无法充分利用 GPU 并行，块太大则增加内部碎片，
-# 在 ShareGPT 负载上 16–128 的块大小表现最好，vLLM 默认取 16。
+# 在 ShareGPT 负载上 16–128 的块大小表现最好。vLLM 不设 `--block-size` 时在 CUDA 上取 16（vLLM v0.9.2：
+# `vllm/config.py` 中 `CacheConfig.block_size` 默认为空，由 `vllm/platforms/cuda.py` 的 `check_and_update_config` 设为 16）。
 #
 # 在模拟器里扫一遍块大小：Llama-2-7B 跑在 A10 上（KV 紧张，浪费的每个槽位都会挤掉并发），400 个短请求一次性到达。
 # 注意模拟器的代价模型（Cost Model）**不**模拟块大小对内核效率的影响（它按读写的字节数计时），
@@ -217,11 +226,17 @@ plt.show()
 
 # %%
 w16, w256 = sweep[16], sweep[256]
-display(Markdown(
-    f"块大小 16 时，末块浪费只占池子的 {w16['waste']:.1%}，每条序列的块表平均 {w16['entries']:.0f} 项；"
-    f"块大小 256 时浪费升到 {w256['waste']:.0%}，平均批大小从 {w16['batch']:.1f} 降到 {w256['batch']:.1f}，"
-    f"吞吐从 {w16['tok_s']:.0f} 降到 {w256['tok_s']:.0f} tokens/s。而块大小 1 虽然没有任何浪费，"
-    f"块表却长到每条序列 {sweep[1]['entries']:.0f} 项——在真实 GPU 上，这会让内核每次只读一个 Token 的 KV。"))
+assert w256["waste"] > w16["waste"] and w256["batch"] < w16["batch"] and w256["tok_s"] < w16["tok_s"], \
+    "the prose says big blocks waste more, shrink the batch and the throughput"
+assert sweep[1]["waste"] == 0, "the prose says block size 1 wastes nothing"
+
+# %% [markdown]
+# 块大小 16 时，末块浪费只占池子的 {{w16['waste']:.1%}}，每条序列的块表平均 {{w16['entries']:.0f}} 项；
+# 块大小 256 时浪费升到 {{w256['waste']:.0%}}，平均批大小从 {{w16['batch']:.1f}} 降到 {{w256['batch']:.1f}}，
+# 吞吐从 {{w16['tok_s']:.0f}} 降到 {{w256['tok_s']:.0f}} tokens/s。而块大小 1 虽然没有任何浪费，
+# 块表却长到每条序列 {{sweep[1]['entries']:.0f}} 项——在真实 GPU 上，这会让内核每次只读一个 Token 的 KV。
+# （“末块浪费”按块表位置统计运行中最后一块里尚未写入的槽位，其中大部分随后会被写入；请求结束时仍空着的那部分，
+# 才是论文所说的内部碎片。）
 
 # %% [markdown]
 # **动手**：下面的 KV 池固定为 768 个槽位，块大小可调（块数 = 768 / 块大小）。8 个长度各异的请求在模拟器里一起运行，
@@ -265,7 +280,8 @@ widgets.interact(block_map_demo, block_size=widgets.SelectionSlider(options=[4, 
 # （Reference Count），最后一个持有者释放时块才回到空闲队列。vLLM 用它支持三种场景：
 # 并行采样（Parallel Sampling，同一 Prompt 生成多条输出）、束搜索（Beam Search），以及前缀缓存。
 #
-# **前缀缓存**。minibatch 与 vLLM 的自动前缀缓存（Automatic Prefix Caching）一样，给每个**写满**的块算一个哈希，
+# **前缀缓存**。minibatch 与 vLLM 的自动前缀缓存（Automatic Prefix Caching；vLLM v0.10.2 V1 引擎的
+# `vllm/v1/core/kv_cache_utils.py`，`hash_block_tokens`）一样，给每个**写满**的块算一个哈希，
 # 哈希链接了它之前的全部 Token：$h_i = \text{hash}(h_{i-1}, \text{tokens}_i)$。两个哈希相等，意味着从序列开头到这一块为止的
 # 所有 Token 都相同，这一块就可以直接复用：
 
@@ -294,7 +310,8 @@ display(kv_block_map(eng, columns=16, figsize=(9, 2.4)))
 # 所以共享它是安全的。R5 的 Prompt 最后不满一块的部分（以及它之后生成的 Token）写在 R5 自己的新块里。
 #
 # **写时复制（Copy-on-Write, CoW）** 什么时候才需要？当共享的是一个**未写满**的块，而某个持有者要往里追加 Token 时。
-# 典型场景是并行采样：同一个 Prompt 要生成 $n$ 条不同的输出，vLLM（V0 的块管理器）让 $n$ 条序列 fork 出同一张块表，
+# 典型场景是并行采样：同一个 Prompt 要生成 $n$ 条不同的输出，vLLM V0 引擎的块管理器（vLLM v0.9.2
+# `vllm/core/block_manager.py`，`SelfAttnBlockSpaceManager`）让 $n$ 条序列 fork 出同一张块表，
 # Prompt 的最后一个未满块也被共享；当其中一条序列要写入它时，块管理器先分配一个新块、复制原块内容、
 # 把这条序列的块表指向新块，并把原块引用计数减一——正是操作系统 fork 之后的写时复制。
 # 实验 **L04**（分页块管理器）会让你亲手实现 `allocate`、`append`、`free` 与 `fork` / `copy_on_write`，
@@ -464,40 +481,65 @@ except RuntimeError as e:
     print("bf16 in the interpreter:", e)
 
 # %% [markdown]
-# 实验 **L05** 会让你在解释器里自己写出这个内核（先写不分段的版本，再加 GQA 分组），用同一个参考实现检查；
-# 第 17 章再把它放到 GPU 上，测量带宽利用率并与 FlashInfer、FlashAttention 的分页内核比较。
+# 实验 **L05**（课程地图中已列出，随后发布）会让你在解释器里自己写出这个内核（先写不分段的版本，再加 GQA 分组），
+# 用同一个参考实现检查；第 17 章再把它放到 GPU 上，测量它的带宽利用率。
 #
 # ## 7.6 KV 浪费：论文的数字与引擎的实测
 #
-# vLLM 论文测得，在它之前的系统中 KV Cache 显存只有 20.4%–38.2% 真正存放了 Token 状态（Kwon et al., SOSP'23, Figure 2），
-# vLLM 的博客把它概括为“现有系统因碎片和过度预留浪费了 60%–80% 的显存”，而 vLLM 的浪费**不到 4%**，
-# 只发生在每条序列的最后一块。
+# vLLM 论文测得，在它之前的系统中 KV Cache 显存只有 20.4%–38.2% 真正存放了 Token 状态（Kwon et al., SOSP'23, §2.3 与
+# Figure 2），其余是预留、内部碎片与外部碎片（定义见第 6 章 6.4 节与 `docs/glossary.md`）；vLLM 的博客
+# （*vLLM: Easy, Fast, and Cheap LLM Serving with PagedAttention*, 2023-06-20）把它概括为“现有系统因碎片和过度预留浪费了
+# 60%–80% 的显存”，而 vLLM 的浪费**不到 4%**，只发生在每条序列的最后一块。
 #
-# 用第 6 章的实验设置（Llama-2-7B、A10、`max_model_len = 4096`、`chat` 负载的前 120 个请求）在引擎里测一遍：
-# 浪费 = （预留未用 + 末块浪费）÷ 已分配的 KV，按时间加权平均。
+# 用第 6 章的实验设置（Llama-2-7B、A10、`max_model_len = 4096`、`chat` 负载的前 120 个请求）按同样的口径在引擎里测一遍：
+# 只看有请求排队的满负荷阶段，按时长加权，给出 KV 池里没有存放 Token 状态的比例，以及其中预留与碎片各占多少。
 
 # %% tags=["nbval-check-output"]
 chat = load_workload("chat", n=120, max_len=4096)
-waste = {}
-for alloc in ("contiguous", "paged"):
-    s = run(chat, executor="sim", model="llama-2-7b", hardware="a10", max_model_len=4096, kv_allocator=alloc).summary()
-    waste[alloc] = (s["kv_reserved_unused_mean"] + s["kv_internal_waste_mean"]) / s["kv_util_mean"]
-    print(f"{alloc:<11} allocated KV that holds no token: {waste[alloc]:.1%}")
+CHAT_SETUP = dict(executor="sim", model="llama-2-7b", hardware="a10", max_model_len=4096)
+
+
+def saturated_shares(r):
+    """Time-weighted pool shares over the steps with a queue: (tokens, reserved + fragmentation, free)."""
+    steps = [st for st in r.steps if st.num_waiting > 0]
+    w = np.array([st.duration for st in steps])
+    mean = lambda xs: float((w * np.array(xs)).sum() / w.sum())      # noqa: E731
+    used = mean([st.kv_usage for st in steps])
+    waste = mean([st.kv_reserved + st.kv_internal_frag + st.kv_external_frag for st in steps])
+    external = mean([st.kv_external_frag for st in steps])
+    return {"tokens": used - waste + external, "waste": waste, "free": 1 - used - external}
+
+
+shares = {}
+for name, kw in {"contiguous (max_model_len)": dict(kv_allocator="contiguous"),
+                 "contiguous (per request)": dict(kv_allocator="contiguous", contiguous_reserve="request"),
+                 "paged": {}}.items():
+    shares[name] = saturated_shares(run(chat, **CHAT_SETUP, **kw))
+    sh = shares[name]
+    print(f"{name:<27} not token states {1 - sh['tokens']:6.1%}  (reserved + fragmentation {sh['waste']:5.1%}, "
+          f"other free {sh['free']:5.1%})")
 
 # %%
-display(Markdown(
-    f"引擎实测：连续预分配浪费了已分配 KV 的 {waste['contiguous']:.0%}，落在论文所说 60%–80% 的区间"
-    f"{'内' if 0.6 <= waste['contiguous'] <= 0.8 else '附近'}；分页分配只浪费 {waste['paged']:.1%}，"
-    f"{'低于' if waste['paged'] < 0.04 else '高于'}论文的 4%。两者的具体数值取决于负载的长度分布、`max_model_len` 和块大小"
-    "（7.3 节）：请求越短、`max_model_len` 越大，连续预分配的浪费越大；块越大，分页的末块浪费越大。"))
+cmax, creq, pg = shares["contiguous (max_model_len)"], shares["contiguous (per request)"], shares["paged"]
+assert 0.6 <= 1 - cmax["tokens"] <= 0.8, "the prose says the max_model_len reservation falls in the blog's 60-80%"
+assert pg["waste"] < 0.04 < 1 - pg["tokens"], "the prose says paged waste is under 4%, free blocks aside"
+
+# %% [markdown]
+# 按 `max_model_len` 连续预留时，满负荷下 {{1 - cmax['tokens']:.0%}} 的 KV 池没有存放 Token 状态，落在博客所说的
+# 60%–80% 之内；按各自的长度预留时是 {{1 - creq['tokens']:.0%}}（其中有外部碎片，见第 6 章）。分页分配的预留与碎片
+# 合计只有 {{pg['waste']:.1%}}，低于论文的 4%；它的池子另有 {{pg['free']:.0%}} 是空闲的，但那不是碎片：任何请求都能用
+# 这些块，它们暂时空着，是因为排在队首的请求下一步要预填充的那段提示词需要的块比空闲块多，要等正在解码的请求结束。
+# 具体数值取决于负载的长度分布、`max_model_len` 和块大小（7.3 节）：请求越短、`max_model_len` 越大，连续预留的浪费越大；
+# 块越大，分页的末块浪费越大。
 
 # %% [markdown]
 # ## 本章小结
 #
 # - PagedAttention 把 KV Cache 切成固定大小的块，用块表记录逻辑顺序；Token $t$ 的槽位是
 #   $\text{table}[\lfloor t/B \rfloor]\cdot B + t \bmod B$，执行器每步据此生成 `slot_mapping`。
-# - 按需分块之后，外部碎片消失，内部碎片被限制在每条序列最后一块，KV 浪费从连续预分配的大半降到几个百分点以内。
-# - 块大小是一对取舍：大块浪费多、共享粒度粗；小块块表长、内核访存零碎。vLLM 默认 16。
+# - 按需分块之后，外部碎片消失，内部碎片被限制在每条序列最后一块；按论文的口径，预留与碎片从连续预留时的大半
+#   降到几个百分点以内（7.6 节）。
+# - 块大小是一对取舍：大块浪费多、共享粒度粗；小块块表长、内核访存零碎。vLLM 在 CUDA 上默认 16（v0.9.2）。
 # - 引用计数让多个序列安全地共享块：前缀缓存只共享写满的块（哈希链保证整个前缀相同）；
 #   共享未写满的块（并行采样、束搜索）时需要写时复制。
 # - 分页解码内核的核心只是“先查块表、再按偏移取数”，配合在线 Softmax 一次读完上下文；Split-KV 在序列少、上下文长时把一条序列拆给多个程序。
@@ -517,3 +559,18 @@ display(Markdown(
 # 6. （选做）设置 `attention_backend="triton"`，用 `LLM(model="tiny", ...)` 在解释器里生成几个 Token，
 #    与 CPU 上默认的 C 内核后端（`attention_backend="cpu"`）以及纯 torch 后端（`"torch"`，先收集分页再做注意力）
 #    比较输出是否一致（解释器会很慢）。
+#
+# <details><summary>提示与参考答案</summary>
+#
+# 1. 默认的抢占方式是重算（Recompute）：被抢占的请求释放全部块，重新调度时按空闲队列的顺序重新分配，
+#    块表一般与之前不同；只要块表随之更新，逻辑顺序不变，输出就不变。开启前缀缓存时，它写满的块若还在缓存里，
+#    会被直接命中（块号相同）。
+# 2. 变缓：末块浪费每条序列约 $B/2$ 个槽位，与序列长度无关；序列越长，它占序列的比例 $\approx B/(2n)$ 越小。
+# 3. 命中 2 个块（16 个 Token）：第 3 块只有 4 个 Token 相同，哈希不同。写满的块内容不再改变，共享它不需要写时复制；
+#    未满的块还要被持有者继续写入。
+# 4. float16 的误差在 1e-3 量级（输入与累加的舍入）；上下文为 0 时 Triton 内核输出 0（⑥ 中的特判），
+#    参考实现对空序列做 softmax 会得到 NaN 或 0，取决于实现——对照两者的代码即可确认。
+# 5. 序列数 × KV 头数已经多于 SM 数时，每个 SM 都有活干，拆分只会多写一次部分结果、多跑一个归约内核。
+# 6. 三者的贪心输出应逐 Token 相同（minibatch 的测试保证）；差别只在速度。
+#
+# </details>

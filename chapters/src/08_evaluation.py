@@ -3,15 +3,16 @@
 #
 # 前七章里我们一直在比较“更快”“更慢”“吞吐更高”。本章把这些词变成精确的定义和可复现的测量方法。
 # 第 1 章 1.1 节把“能够设计评估体系”列为课程目标之一：建立以吞吐量（Tokens/s）、首 Token 延迟（TTFT）、
-# 每 Token 延迟（TPOT）、SLA 满足率为核心的指标体系，并掌握压测方法论。一个推理服务的数字是否可信，
+# 每 Token 延迟（TPOT）、SLO 达成率为核心的指标体系，并掌握压测方法论。一个推理服务的数字是否可信，
 # 取决于三件事：**指标怎么定义**、**负载怎么施加**、**在哪一段时间里统计**。任何一处含糊，两份压测报告就无法比较。
 #
-# minibatch 的指标定义与 `vllm bench serve` 完全一致（`minibatch/results.py`、`minibatch/bench/client.py`），
+# minibatch 的指标定义与 `vllm bench serve` 完全一致（minibatch 一侧是 `minibatch/results.py`、`minibatch/bench/client.py`；
+# vLLM 一侧是 vLLM v0.10.2 的 `vllm/benchmarks/serve.py`），
 # 所以本章学到的读数方法可以直接用在 vLLM、SGLang 等框架的压测报告上。
 #
 # ## 学习目标
 #
-# - 准确定义 TTFT、TPOT、ITL、E2E 延迟、吞吐量、Goodput 与 SLA 达成率，并能从一条请求的事件时间线手算它们；
+# - 准确定义 TTFT、TPOT、ITL、E2E 延迟、吞吐量、Goodput 与 SLO 达成率，并能从一条请求的事件时间线手算它们；
 # - 会计算百分位数（Percentile），理解为什么要看 p99 而不只看平均值；
 # - 区分开环（Open-loop，按请求速率）与闭环（Closed-loop，按并发数）两种施压方式，理解预热（Warm-up）的必要性；
 # - 理解协调遗漏（Coordinated Omission）：闭环客户端如何把排队延迟“藏”起来，以及如何纠正；
@@ -30,11 +31,12 @@ import urllib.request
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython import get_ipython
-from IPython.display import Markdown, display
+from IPython.display import display
 
 import minibatch.results
 from minibatch import EngineConfig, LLMEngine, SamplingParams
 from minibatch.bench import format_result, run_benchmark
+from minibatch.results import capacity
 from minibatch.runner import run
 from minibatch.viz import latency_throughput
 from minibatch.workload import load_workload
@@ -55,7 +57,7 @@ print("SLO:", SLO)
 # | 端到端延迟（E2E Latency） | $e - a$ | 整个回答要多久 |
 # | 输出吞吐（Output Throughput） | $\dfrac{\sum_r n_r}{T}$ | 每秒产生多少输出 Token；$T$ 为第一个请求到达到最后一个请求结束 |
 # | Goodput | $\dfrac{\#\{r : r \text{ 满足全部 SLO}\}}{T}$ | 每秒有多少请求**既完成又达标** |
-# | SLA 达成率（SLO Attainment） | $\dfrac{\#\{r : r \text{ 满足全部 SLO}\}}{\#\{r\}}$ | 多大比例的请求达标 |
+# | SLO 达成率（SLO Attainment） | $\dfrac{\#\{r : r \text{ 满足全部 SLO}\}}{\#\{r\}}$ | 多大比例的请求达标 |
 #
 # 注意 TPOT 不含第一个 Token（首 Token 的时间里有排队和预填充，性质完全不同），且是**每个请求一个值**；
 # ITL 则是**每个间隔一个值**，一个请求贡献 $n-1$ 个。统计 TPOT 的 p99 与统计 ITL 的 p99 回答的是不同的问题。
@@ -135,7 +137,7 @@ for p in (50, 90, 99):
 print(f"TTFT mean {summary['ttft_mean'] * 1e3:.2f} ms; max {max(ttfts) * 1e3:.2f} ms")
 
 # %% [markdown]
-# ## 8.4 吞吐量、Goodput 与 SLA 达成率
+# ## 8.4 吞吐量、Goodput 与 SLO 达成率
 #
 # 吞吐量只数 Token，不问每个请求是否满意；Goodput（DistServe, OSDI'24 提出用它衡量服务质量）只数**达标**的请求。
 # 一个系统可以靠把批塞满换来很高的吞吐，同时让大多数请求超出 TTFT 的 SLO——这时它的 Goodput 很低。
@@ -237,21 +239,24 @@ ax.legend(fontsize=8)
 ax.grid(alpha=0.3)
 plt.show()
 
-# %% [markdown]
 # %%
-display(Markdown(
-    f"蓝点是闭环工具报告的 TTFT：p99 只有 {np.percentile(naive, 99):.2f} s，"
-    f"{'低于' if np.percentile(naive, 99) < SLO['ttft'] else '高于'} {SLO['ttft']:g} s 的 SLO，看起来服务完全达标。"
-    f"红点从计划发送时刻算起，整体随时间上升，最高到 {corrected.max():.0f} s——请求其实在客户端里排起了越来越长的队，"
-    f"只是这段时间没被计入。开环压测（灰线）没有这个盲区，TTFT 的 p99 为 {np.percentile(open_ttft, 99):.1f} s。"
-    f"校正后的闭环结果甚至比开环更差：{USERS} 个并发的上限本身限制了服务端的批大小，闭环只完成了 {closed_x:.2f} req/s，"
-    f"开环则是 {open_x:.2f} req/s。由 Little 定律（第 3 章），闭环吞吐 $X = C / \\bar{{E}}$（$C$ 为并发数，"
-    "$\\bar{E}$ 为平均端到端延迟）：压测工具自己成了瓶颈。"))
+assert np.percentile(naive, 99) < SLO["ttft"], "the prose says the closed-loop p99 looks within the SLO"
+assert corrected.max() > 10 * SLO["ttft"] and np.percentile(open_ttft, 99) > SLO["ttft"]
+assert closed_x < open_x, "the prose says the closed loop completes fewer requests"
+
+# %% [markdown]
+# 蓝点是闭环工具报告的 TTFT：p99 只有 {{np.percentile(naive, 99):.2f}} s，低于 {{SLO['ttft']:g}} s 的 SLO，看起来服务完全达标。
+# 红点从计划发送时刻算起，整体随时间上升，最高到 {{corrected.max():.0f}} s——请求其实在客户端里排起了越来越长的队，
+# 只是这段时间没被计入。开环压测（灰线）没有这个盲区，TTFT 的 p99 为 {{np.percentile(open_ttft, 99):.1f}} s。
+# 校正后的闭环结果甚至比开环更差：{{USERS}} 个并发的上限本身限制了服务端的批大小，闭环只完成了 {{closed_x:.2f}} req/s，
+# 开环则是 {{open_x:.2f}} req/s。由 Little 定律（第 3 章），闭环吞吐 $X = C / \bar{E}$（$C$ 为并发数，
+# $\bar{E}$ 为平均端到端延迟）：压测工具自己成了瓶颈。
 
 # %% [markdown]
 # 所以：**容量规划和 SLO 验证要用开环负载**；闭环负载只用来回答“给定并发数下”的问题，而且报告里必须写明并发数。
 #
-# `minibatch bench serve` 与 `vllm bench serve` 一样，在同时给出 `--request-rate` 和 `--max-concurrency` 时，
+# `minibatch bench serve` 与 `vllm bench serve` 一样（vLLM v0.10.2 `vllm/benchmarks/serve.py`：`limited_request_func`
+# 先取得并发信号量，再调用请求函数，请求函数在发出请求时才开始计时），在同时给出 `--request-rate` 和 `--max-concurrency` 时，
 # 请求先按计划时间排队、再等并发信号量，TTFT 从**拿到信号量、真正发出**时开始计时（见下面 `send_request` 的开头），
 # 因此同样会“藏起”客户端里的等待——读这类报告时要留意。
 
@@ -264,7 +269,9 @@ print("\n".join(line for line in src if "st = time.perf_counter()" in line or "o
 #
 # 压测的标准做法是扫一组开环请求速率，每个速率跑一次，把**达到的吞吐**和**延迟百分位**画成一条曲线。
 # 低负载时延迟几乎不随速率变化；接近容量时排队出现，延迟急剧上升（第 3 章的“曲棍球棒”），吞吐却不再增加。
-# 下面是 Llama-2-7B 在一张 A100-80G 上、`chat` 负载（300 个请求）的曲线。模拟器完全确定，表格每次相同：
+# 下面是 Llama-2-7B 在一张 A100-80G 上、`chat` 负载的曲线。表格按**稳态**统计：每个速率 300 个请求，去掉到达时间跨度最前与
+# 最后 20% 里到达的请求（预热：批与队列还在变满；收尾：到达已停止），吞吐只数这段时间窗里完成的请求与产出的 Token
+# （`RunResult.summary(trim=0.2)`）。模拟器完全确定，表格每次相同：
 
 # %%
 RATES = [1, 2, 3, 4, 5, 6, 7, 8, 10]
@@ -276,7 +283,7 @@ print(f"{'rate':>5} {'out tok/s':>10} {'req/s':>6} {'TTFT p50':>9} {'TTFT p99':>
       f"{'goodput':>8} {'SLO met':>8}")
 sims = {}
 for rate, r in sim_runs.items():
-    s = sims[rate] = r.summary(slo=SLO)
+    s = sims[rate] = r.summary(slo=SLO, trim=0.2)
     print(f"{rate:>5} {s['throughput_tok_s']:>10.0f} {s['request_throughput']:>6.2f} {s['ttft_p50'] * 1e3:>7.0f}ms "
           f"{s['ttft_p99'] * 1e3:>7.0f}ms {s['tpot_p50'] * 1e3:>7.1f}ms {s['tpot_p99'] * 1e3:>7.1f}ms "
           f"{s['goodput']:>8.2f} {s['slo_attainment']:>8.1%}")
@@ -287,14 +294,24 @@ fig = latency_throughput({"llama-2-7b @ a100-80g (sim)": sim_runs}, metrics=("tt
 display(fig)
 
 # %%
+cap = capacity({r: sims[r]["slo_attainment"] for r in RATES}, target=0.9)
+beyond = RATES[RATES.index(cap) + 1]
+check = {r: run(load_workload("chat", n=300, rate=r, max_len=4096, seed=1), executor="sim", model="llama-2-7b",
+                hardware="a100-80g").summary(slo=SLO, trim=0.2)["slo_attainment"] for r in (cap, beyond)}
 best = max(RATES, key=lambda r: sims[r]["goodput"])
 peak = max(RATES, key=lambda r: sims[r]["throughput_tok_s"])
-display(Markdown(
-    f"Goodput 在 {best} req/s 处最高（{sims[best]['goodput']:.2f} req/s，SLO 达成率 {sims[best]['slo_attainment']:.0%}）；"
-    f"而输出吞吐在 {peak} req/s 处才到顶（{sims[peak]['throughput_tok_s']:.0f} tok/s），那时只有 "
-    f"{sims[peak]['slo_attainment']:.0%} 的请求达标。**只看吞吐会把系统推过拐点**：再加压，吞吐不再增长，"
-    "延迟和不达标的请求却不断增加。负载超过容量后，TTFT 的 p99 主要由排队决定，会随压测时长（请求数）继续变大——"
-    "过载时报告的延迟数字本身没有意义，有意义的是“在哪个速率之前还达标”。"))
+print(f"capacity at >= 90% attainment: {cap} req/s; a second seed: {cap} req/s -> {check[cap]:.0%}, "
+      f"{beyond} req/s -> {check[beyond]:.0%}")
+assert check[cap] >= 0.9 > sims[beyond]["slo_attainment"], "the prose says the capacity holds on a second seed"
+assert peak >= best and sims[peak]["slo_attainment"] < sims[best]["slo_attainment"]
+
+# %% [markdown]
+# 按“SLO 达成率 ≥ 90% 的最高到达率”（DistServe 的服务容量）算，这套配置的容量是 **{{cap}} req/s**（换一个随机种子复核，
+# 仍是 {{check[cap]:.0%}}；再高一档到 {{beyond}} req/s 就只有 {{sims[beyond]['slo_attainment']:.0%}}）。Goodput 在
+# {{best}} req/s 处最高（{{sims[best]['goodput']:.2f}} req/s，SLO 达成率 {{sims[best]['slo_attainment']:.0%}}）；而输出吞吐在
+# {{peak}} req/s 处才到顶（{{sims[peak]['throughput_tok_s']:.0f}} tok/s），那时只有 {{sims[peak]['slo_attainment']:.0%}} 的请求达标。
+# **只看吞吐会把系统推过拐点**：再加压，吞吐不再增长，延迟和不达标的请求却不断增加。负载超过容量后，TTFT 的 p99 主要由排队
+# 决定，会随压测时长（请求数）继续变大——过载时报告的延迟数字本身没有意义，有意义的是“在哪个速率之前还达标”。
 
 # %% [markdown]
 # 调一调 SLO，看 Goodput 曲线怎么变（SLO 越严，Goodput 的峰值越早出现、越低）：
@@ -430,7 +447,7 @@ print(f"from plan (t=0) p50 {np.median(reported + waited):7.1f} ms  max {(report
 # ## 本章小结
 #
 # - TTFT = 首 Token 时刻 − 到达时刻；TPOT = 首 Token 之后的平均间隔（每请求一个值）；ITL = 每个相邻间隔；
-#   E2E = 结束 − 到达。吞吐数 Token，Goodput 数**达标**的请求，SLA 达成率是达标请求的比例。
+#   E2E = 结束 − 到达。吞吐数 Token，Goodput 数**达标**的请求，SLO 达成率是达标请求的比例。
 # - 百分位数按线性插值计算；延迟分布右偏，SLO 应写成 p90/p99，而不是平均值。
 # - 开环负载（请求速率）模拟独立到达的真实用户，是容量规划与 SLO 验证的正确工具；闭环负载（并发数）会随服务变慢而自动减压，
 #   必须写明并发数，并警惕协调遗漏——从计划发送时刻计时才能看到真实的排队延迟。
@@ -446,3 +463,18 @@ print(f"from plan (t=0) p50 {np.median(reported + waited):7.1f} ms  max {(report
 # 5. 用 `python -m minibatch bench serve` 的 `--burstiness 0.25` 压测真实服务，与泊松到达（`--burstiness 1`）
 #    在相同速率下比较 TTFT 的 p99。
 # 6. （思考）压测报告中只写了“并发 64 时吞吐 X tok/s、TTFT 200 ms”。你还需要知道哪些信息，才能判断这个服务能否承受每秒 20 个请求？
+#
+# <details><summary>提示与参考答案</summary>
+#
+# 1. 按 L01 的任务顺序：先单请求的 TTFT/TPOT/ITL/E2E，再线性插值的百分位数，最后 Goodput 与达成率；每一步都可以用
+#    `minibatch.results` 的同名量对账。
+# 2. `np.argmax(np.diff(tokens))` 找到最大间隔，它的起止时刻落在某个 `StepRecord` 的 `start_time` 与
+#    `start_time + duration` 之间；那一步的 `num_prefill_tokens` 通常是几百上千——一个新请求的预填充挤进了这一步。
+# 3. 用户少时，闭环把到达率压到远低于计划（校正后的 TTFT 巨大，报告的 TTFT 很小）；用户足够多时，每个用户都不再等上一个请求，
+#    计划发送时刻几乎都能按时发出，闭环就退化成开环，两者趋于一致。
+# 4. 突发到达在同样的平均速率下让排队更严重（第 3 章的 $C_a^2$），拐点提前、容量变小。
+# 5. `--burstiness 0.25` 时 TTFT p99 明显高于泊松到达；在安静的机器上重复几次，看差距是否稳定。
+# 6. 还需要：请求长度分布（输入/输出 Token）、是开环还是闭环（这里是闭环 64，吞吐被并发数钉住）、TTFT 是均值还是
+#    百分位、是否预热、压测持续多久、硬件与框架版本。判断能否承受 20 req/s，要在 20 req/s 的开环负载下测稳态的 SLO 达成率。
+#
+# </details>

@@ -205,6 +205,23 @@ class RooflineCostModel:
                 f"({self.hardware.memory_bytes:,} bytes){hint}")
         return int(free // self.kv_bytes_per_token_per_gpu)
 
+    def max_batch(self, context_len: int, gpu_memory_utilization: float = 0.9, block_size: int = 16) -> int:
+        """Most sequences of ``context_len`` tokens each whose KV fits at once: the pool's
+        blocks (``kv_capacity_tokens // block_size``, as ``SimExecutor`` sizes it) over
+        ``ceil(context_len / block_size)`` blocks per sequence; 0 if the weights do not fit."""
+        try:
+            blocks = self.kv_capacity_tokens(gpu_memory_utilization) // block_size
+        except ModelDoesNotFitError:
+            return 0
+        return blocks // -(-context_len // block_size)
+
+    def fits(self, batch: int, context_len: int, gpu_memory_utilization: float = 0.9,
+             block_size: int = 16) -> bool:
+        """Can ``batch`` sequences of ``context_len`` tokens be decoding at once? A decode step
+        of a batch that does not fit never happens (the engine preempts first), so sweeps and
+        plots keep only configurations for which this is true."""
+        return batch <= self.max_batch(context_len, gpu_memory_utilization, block_size)
+
     def describe(self) -> str:
         m, hw = self.model, self.hardware
         lines = [f"RooflineCostModel: {m.name} on {self.tp}x{hw.name} ({m.dtype_bytes}-byte weights and KV)",

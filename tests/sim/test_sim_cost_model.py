@@ -123,3 +123,28 @@ def test_adding_work_never_makes_a_step_faster(batch, ctx):
     assert A100_7B.step_time(prefill, decode + [ctx]) >= t
     assert A100_7B.step_time(prefill + [(1, ctx)], decode) >= t
     assert A100_7B.step_time(prefill, [c + 1 for c in decode]) >= t
+
+
+# -- fit check: no sweep or plot draws a batch that does not fit ----------------------------
+def test_fits_is_the_kv_capacity_in_blocks():
+    cm = make_cost_model("llama-2-7b", "a100-80g")
+    blocks = cm.kv_capacity_tokens() // 16
+    assert cm.max_batch(512) == blocks // 32
+    assert cm.fits(cm.max_batch(512), 512) and not cm.fits(cm.max_batch(512) + 1, 512)
+    # the points chapter 2 used to draw: 512 sequences of 512 tokens need 4x the KV there is
+    assert cm.fits(128, 512) and not cm.fits(256, 512) and not cm.fits(512, 512)
+    assert cm.max_batch(17, block_size=16) == blocks // 2           # a partial block is a block
+    assert make_cost_model("llama-2-70b", "a100-80g").max_batch(512) == 0   # weights do not fit
+    assert not make_cost_model("llama-2-70b", "a100-80g").fits(1, 16)
+
+
+def test_fits_agrees_with_the_simulator_pool():
+    from minibatch.runner import run
+    from minibatch.workload import fixed, synthetic
+
+    cm = make_cost_model("llama-2-7b", "a10")
+    n = cm.max_batch(1024)
+    wl = synthetic(n + 1, float("inf"), input_len=fixed(1000), output_len=fixed(24), seed=0)
+    r = run(wl, executor="sim", model="llama-2-7b", hardware="a10", max_num_seqs=n + 1,
+            max_num_batched_tokens=1 << 20)
+    assert max(st.num_decode_seqs for st in r.steps) <= n < n + 1
