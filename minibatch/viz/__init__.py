@@ -10,6 +10,7 @@
 ``latency_throughput(d)``  latency vs throughput across request rates, per policy
 ``compare_bars(results)``  summary metrics side by side
 ``md_table(header, rows)`` a Markdown table of numbers computed in the cell
+``radix_tree(tree)``       a radix tree (the prefix cache's, or any node with ``children``)
 =========================  ==========================================================
 
 No function calls ``pyplot``: figures are ``matplotlib.figure.Figure`` objects, which
@@ -20,13 +21,14 @@ Jupyter displays inline and which render in any thread (``fig.savefig``).
 from minibatch.viz.compare import compare_bars, latency_throughput, metric_title, summary_table
 from minibatch.viz.events import EventLog
 from minibatch.viz.kv import kv_block_map, kv_snapshot
+from minibatch.viz.radix import radix_tree
 from minibatch.viz.requests import gantt, latency_cdf, preemption_spans
 from minibatch.viz.steps import batch_composition, timeline
 from minibatch.viz.tables import markdown_table, md_table
 
 __all__ = ["gantt", "batch_composition", "kv_block_map", "kv_snapshot", "latency_cdf", "timeline",
            "latency_throughput", "compare_bars", "summary_table", "metric_title", "preemption_spans",
-           "EventLog", "figure_png", "md_table", "markdown_table"]
+           "EventLog", "figure_png", "md_table", "markdown_table", "radix_tree"]
 
 
 def figure_png(fig, dpi: int = 80) -> bytes:
