@@ -313,7 +313,7 @@ assert st3["swap"]["recomputed"] == 0 < st3["recompute + prefix cache"]["recompu
 # 正是抢占者要用的，它们马上被分配出去，缓存的内容随之被驱逐（本次运行驱逐了 {{three["recompute + prefix cache"].extra["evictions"]:,}} 个缓存块）。
 # 换出一个 Token 也不重算，代价是 {{three["swap"].summary()["num_swapped_blocks"]:,}} 个块在 PCIe 上往返。
 # 三者的吞吐相差{{"不到" if max(s["tok_s"] for s in st3.values()) / min(s["tok_s"] for s in st3.values()) < 1.05 else "超过"}} 5%：
-# 在这台模拟 GPU 上，预填充被分块、和解码混在同一步里，重算的 Token 占用的是本来就有富余的算力。
+# 一个可能的解释是：解码受访存限制（第 2 章），重算的 Token 以预填充块的形式混进解码步里（第 11 章），多半只占用了空闲的算力。
 #
 # ## 12.4 抖动：同一个请求被反复抢占
 #
@@ -368,7 +368,7 @@ assert sweep[300]["recomputed_share"] > sweep[800]["recomputed_share"] > sweep[2
 
 # %% [markdown]
 # 300 块时，稳态下 {{sweep[300]["recomputed_share"]:.1%}} 的计算是重复的；到 2000 块，负载里的请求再也挤不满池，
-# 抢占消失。注意吞吐随池变大而上升，主要是因为池越大、能同时解码的请求越多（批越大），抖动只是其中一部分原因。
+# 抢占消失。吞吐随池变大而上升，这里同时有两个原因——能同时解码的请求更多（批更大）与重复计算更少——这张图无法把它们分开。
 #
 # ## 12.5 准入控制：从源头少抢占
 #

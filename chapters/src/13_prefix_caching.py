@@ -230,7 +230,7 @@ first_short = next(S for S in SYSTEM if m(S, False, "tok_s")[0] < 0.9 * m(S, Tru
 # 稳态吞吐就明显低于开缓存时（这张卡的预填充算力不够了），队列越排越长——$S = 4096$ 时 TTFT p99 达到 {{m(4096, False, "ttft_p99")[0]:.0f}} s，
 # 稳态吞吐只剩 {{m(4096, False, "tok_s")[0]:.0f}} tok/s；开启缓存后命中率 {{m(4096, True, "hit")[0]:.0%}}，每个请求只算自己的几百个 Token，
 # TTFT p99 为 {{m(4096, True, "ttft_p99")[0]:.2f}} s，吞吐 {{m(4096, True, "tok_s")[0]:.0f}} tok/s，接近到达的负载（约 {{offered:.0f}} tok/s）。
-# 换句话说，前缀缓存提高的是**服务容量**：同一张卡在命中率高时能扛住高得多的到达率。
+# 换句话说，在同一个到达率下，缓存把一张过载的卡变回了不过载：它提高的是**服务容量**（第 8 章的 Capacity）。
 #
 # ## 13.3 池的大小与命中率：LRU 驱逐
 #
@@ -371,11 +371,11 @@ assert ms_on["ttft_p50"] < ms_off["ttft_p50"] / 5 and ms_on["hit"] <= ideal_win
 # ## 13.5 在真实的 tiny 模型上：缓存不改变输出
 #
 # 前缀缓存复用的是同样的 Token 在同样位置上的 K/V，贪心解码的结果不应有任何变化。用嵌入的 tiny 模型跑一个小的共享前缀负载
-# （8 个请求，按 tiny 的词表重新生成 Token、长度缩到 256 以内），开关前缀缓存各跑一次：
+# （8 个请求同时到达，按 tiny 的词表重新生成 Token、长度缩到 256 以内），开关前缀缓存各跑一次：
 
 # %% tags=["nbval-check-output"]
 torch.set_num_threads(1)
-tiny_wl = load_workload("shared_prefix", n=8, max_len=256, vocab_size=4096)
+tiny_wl = load_workload("shared_prefix", n=8, max_len=256, vocab_size=4096, rate=float("inf"))
 tiny_runs = {on: run(tiny_wl, model="tiny", enable_prefix_caching=on, max_num_seqs=4, num_kv_blocks=256)
              for on in (False, True)}
 same = [q.output_token_ids for q in tiny_runs[True].requests] == [q.output_token_ids for q in tiny_runs[False].requests]
