@@ -220,7 +220,7 @@ assert (ratio7 > 1).all() and (ratio8 > ratio7).all(), "the prose says swap is c
 #   只有多序列请求（束搜索）因为重算不支持才换出；用户可以用 `--preemption-mode` 强制指定。
 # - vLLM V1 的调度器（v0.8.0 起默认）只实现了重算。V1 用户指南（`docs/source/getting_started/v1_user_guide.md`，随 v0.8 发布）
 #   写明：“GPU <> CPU KV Cache Swapping：在新的简化核心架构下，vLLM V1 不再需要 KV 缓存换出来处理请求抢占”；
-#   在 v0.8–v0.10 里传入 `--preemption-mode` 会让引擎退回 V0（vLLM issue #18115），V0 在 v0.11.0 被整体删除。
+#   在 V0 还没被删除的版本里（例如 v0.8、v0.9），传入 `--preemption-mode` 会让引擎退回 V0（vLLM issue #18115）；V0 在 v0.11.0 被整体删除（PR #25321）。
 #   CPU 上的 KV 从此只以“卸载”（Offload）的形式出现（KV Connector），不再是抢占机制的一部分。
 # - 上面的模型没有算的东西偏向重算：换出要占主机内存与 PCIe 带宽（与别的传输争用），在 minibatch 里拷贝时间直接加到这一步上，
 #   整批请求都等它；开启前缀缓存（第 13 章）时，被抢占请求释放的**写满的块**会留在缓存里，恢复时如果还没被驱逐，就能直接命中。
