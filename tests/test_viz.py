@@ -231,3 +231,26 @@ def test_diagrams_draw():
     assert isinstance(fig, Figure) and len(fig.axes[0].patches) > 16
     fig = diagrams.scheduler_step([("r0", 1), ("r1", 1)], [("w0", 300), ("w1", 40)], 256, 8)
     assert isinstance(fig, Figure)
+
+
+def test_radix_tree_draws_one_box_per_node_with_block_labels():
+    from minibatch.radix import RadixTree
+    tree = RadixTree(block_size=2)
+    tree.insert([1, 2, 3, 4, 5, 6], [10, 11, 12])
+    tree.insert([1, 2, 3, 4, 9, 9], [10, 11, 13])     # splits the edge after block 11
+    tree.insert([7, 7], [14])
+    fig = viz.radix_tree(tree, title="t")
+    texts = sorted(t.get_text() for t in fig.axes[0].texts)
+    assert texts == sorted(["root", "[10,11]", "[12]", "[13]", "[14]"])
+    hot = viz.radix_tree(tree, highlight=lambda n: 11 in n.blocks)
+    faces = {t.get_text(): t.get_bbox_patch().get_facecolor() for t in hot.axes[0].texts}
+    assert faces["[10,11]"] != faces["[12]"]
+
+
+def test_radix_tree_takes_any_node_with_children_and_a_label():
+    class Node:
+        def __init__(self, key, *kids):
+            self.key, self.children = key, {k.key[0]: k for k in kids}
+    root = Node((), Node((1, 2), Node((3,)), Node((4, 5, 6))))
+    fig = viz.radix_tree(root, label=lambda n: "".join(map(str, n.key)))
+    assert sorted(t.get_text() for t in fig.axes[0].texts) == ["12", "3", "456", "root"]

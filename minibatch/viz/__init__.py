@@ -11,6 +11,7 @@
 ``compare_bars(results)``  summary metrics side by side
 ``md_table(header, rows)`` a Markdown table of numbers computed in the cell
 ``diagrams.*``             drawn diagrams: request pipeline, block tables, a scheduler step
+``radix_tree(tree)``       a radix tree (the prefix cache's, or any node with ``children``)
 =========================  ==========================================================
 
 No function calls ``pyplot``: figures are ``matplotlib.figure.Figure`` objects, which
@@ -22,13 +23,14 @@ from minibatch.viz import diagrams
 from minibatch.viz.compare import compare_bars, latency_throughput, metric_title, summary_table
 from minibatch.viz.events import EventLog
 from minibatch.viz.kv import kv_block_map, kv_snapshot
+from minibatch.viz.radix import radix_tree
 from minibatch.viz.requests import gantt, latency_cdf, preemption_spans
 from minibatch.viz.steps import batch_composition, timeline
 from minibatch.viz.tables import markdown_table, md_table
 
 __all__ = ["gantt", "batch_composition", "kv_block_map", "kv_snapshot", "latency_cdf", "timeline",
            "latency_throughput", "compare_bars", "summary_table", "metric_title", "preemption_spans",
-           "EventLog", "figure_png", "md_table", "markdown_table", "diagrams"]
+           "EventLog", "figure_png", "md_table", "markdown_table", "diagrams", "radix_tree"]
 
 
 def figure_png(fig, dpi: int = 80) -> bytes:
