@@ -2,7 +2,7 @@
 
     python tools/mutation_report.py [--root DIR] [--survivors]
 
-Score = killed / (all mutants); a timeout counts as killed (the planted bug hung a test that
+Score = killed / (mutants checked; a run stopped early leaves some "not checked"); a timeout counts as killed (the planted bug hung a test that
 the default pytest timeout then failed), "no tests" and "survived" count against it. Every
 survivor must be killed by a test or listed as equivalent, with its reason, in one of
 ``tests/mutants/*.md`` (one file per area of the core); ``--survivors`` lists the survivors
@@ -67,12 +67,16 @@ def main(argv=None) -> int:
         c["total"] = len(codes)
         total.update(c)
         rows.append((module, c))
-    print(f"| module | mutants | killed | equivalent | survived | no tests | score | score, equivalents excluded |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    # A run stopped early leaves mutants "not checked": the scores count only the checked ones.
+    print("| module | mutants | not checked | killed | equivalent | survived | no tests | score | "
+          "score, equivalents excluded |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for module, c in rows + [("all", total)]:
-        live = c["total"] - c["equivalent"]
-        print(f"| {module} | {c['total']} | {c['killed']} | {c['equivalent']} | {c['survived']} | {c['no tests']} | "
-              f"{c['killed'] / c['total']:.1%} | {c['killed'] / live if live else 1:.1%} |")
+        checked = c["total"] - c["not checked"]
+        live = checked - c["equivalent"]
+        score = f"{c['killed'] / checked:.1%}" if checked else "-"
+        print(f"| {module} | {c['total']} | {c['not checked']} | {c['killed']} | {c['equivalent']} | {c['survived']} | "
+              f"{c['no tests']} | {score} | {c['killed'] / live if live else 1:.1%} |")
     if args.survivors:
         print(f"\n{len(unexplained)} survivors not listed in tests/mutants/*.md:")
         for key in unexplained:
