@@ -311,13 +311,13 @@ print(f"hit rate of an infinite cache over the whole trace: {ideal_hit(moon):.1%
 # %% [markdown]
 # 提示词平均 {{ms["input_mean"]:,.0f}} Token，最长 {{ms["input_max"]:,.0f}}——**先检查放不放得下**。minibatch 在 `add_request` 时拒绝两类请求：
 # 提示词不短于模型的 `max_model_len`（至少要能再生成一个 Token），以及即使独占整个 KV 池也放不下的请求；被拒绝的请求记为
-# `rejected` 并带上原因，不会悄悄消失。选一个上下文够长的模型：Qwen2.5-7B（`max_model_len` 32768，GQA 4 个 KV 头）放在一张
-# 模拟的 H100 上。整份轨迹的时长与请求量超出本章的时间预算，下面只重放第 {{T0}} 秒之后的最后一段（时间从 0 重新计起；轨迹到这时复用已经很多），块大小取 64 以减少模拟时的哈希次数：
+# `rejected` 并带上原因，不会悄悄消失。选一个上下文够长的模型：Qwen2.5-7B（GQA 4 个 KV 头；基座模型的 `config.json`
+# 写 131072 个位置，这里像 Qwen2.5-7B-Instruct 的配置那样设 `max_model_len=32768`）放在一张模拟的 H100 上。整份轨迹的时长与请求量超出本章的时间预算，下面只重放第 {{T0}} 秒之后的最后一段（时间从 0 重新计起；轨迹到这时复用已经很多），块大小取 64 以减少模拟时的哈希次数：
 
 # %%
-MOON = dict(executor="sim", model="qwen2.5-7b", hardware="h100", block_size=64)
-qcm = make_cost_model("qwen2.5-7b", "h100")
 max_len = 32768
+MOON = dict(executor="sim", model="qwen2.5-7b", hardware="h100", block_size=64, max_model_len=max_len)
+qcm = make_cost_model("qwen2.5-7b", "h100")
 window = moon.time_window(T0, T1)
 too_long = int((window.prompt_lens >= max_len).sum())
 kv_tokens = qcm.kv_capacity_tokens()
