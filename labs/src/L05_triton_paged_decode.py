@@ -212,8 +212,8 @@ for start in range(0, LENS[s_demo], BLOCK_SIZE):
     gap.append((acc / l - final).norm().item())
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 2.8))
 ax1.plot(scores.numpy(), ".", label="score $s_t$")
-ax1.step([min(LENS[s_demo], (i + 1) * BLOCK_SIZE) - 1 for i in range(len(running_max))], running_max, where="post",
-         label="running max $m$")
+edges = [min(i * BLOCK_SIZE, LENS[s_demo]) - 0.5 for i in range(len(running_max) + 1)]
+ax1.stairs(running_max, edges, baseline=None, label="running max $m$ after each block")
 ax1.set(xlabel="token t", title="scores and the running max, block by block")
 ax1.legend(fontsize=7)
 ax2.semilogy(range(1, len(gap) + 1), [max(g, 1e-8) for g in gap], "o-")
@@ -542,8 +542,8 @@ print("torch backend, greedy:", torch_outputs)
 
 # %% [markdown]
 # tiny 模型：{{TINY_HEADS}}，块大小 {{BLOCK_SIZE}}。它的 GQA 组大小是 {{mc.num_heads // mc.num_kv_heads}}，
-# 所以你的 `decode_grouped` 在每层启动 `num_seqs × {{mc.num_kv_heads}}` 个程序；{{len(PROMPTS)}} 条提示各生成
-# {{GREEDY.max_tokens}} 个 Token。
+# 所以你的 `decode_grouped` 在每层启动 `num_seqs × {{mc.num_kv_heads}}` 个程序；
+# {{len(PROMPTS)}} 条提示各生成 {{GREEDY.max_tokens}} 个 Token。
 
 # %% tags=["check:4"]
 # Unit check first: slots anywhere in the pool, -1 skipped, non-contiguous key/value (as in the engine).
