@@ -641,7 +641,7 @@ def _split_kv_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_
                      stride_q_s, stride_q_h,
                      stride_k_b, stride_k_t, stride_k_h,
                      stride_bt_s,
-                     stride_pm_s, stride_pm_h,             # part_m, part_l: [num_seqs, num_heads, num_partitions]
+                     stride_pm_s, stride_pm_h,             # part_m, part_l: [num_seqs, num_heads, num_partitions], partition stride 1
                      stride_pa_s, stride_pa_h, stride_pa_p,  # part_acc: [num_seqs, num_heads, num_partitions, head_dim]
                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                      BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, PARTITION_SIZE: tl.constexpr):
@@ -764,7 +764,7 @@ for trial in range(4):
     lens = [rng.randint(1, 40) for _ in range(rng.randint(1, 3))]
     ps = bs * rng.choice([1, 2, 3, 5])
     check_split(random_paged(500 + trial, lens, kvh * g, kvh, d, bs), ps,
-                f"hidden: {kvh * g} heads, {kvh} KV heads, head_dim {d}, block_size {bs}, lens {lens}")
+                f"hidden: {kvh * g} heads, {kvh} KV heads, head_dim {d}, block_size {bs}")
 print("hidden: 4 random shapes and partition sizes match")
 
 # %% [markdown]
