@@ -112,3 +112,25 @@ def test_steady_goodput_never_exceeds_steady_throughput():
     s = run(wl, executor="sim", model="llama-2-7b", hardware="a100-80g").summary(slo={"ttft": 0.5, "tpot": 0.05},
                                                                                   trim=0.2)
     assert s["goodput"] <= s["request_throughput"]
+
+
+def test_capacity_defaults_and_edges_of_the_bisection():
+    def knee(at, good=1.0):
+        return lambda rate: good if rate <= at else 0.0
+
+    # defaults lo=0.5, hi=16, tol=0.05: a knee at 1.0 is found within 5% below it
+    c = capacity(knee(1.0))
+    assert 1.0 / 1.05 <= c <= 1.0
+    assert capacity(knee(0.49)) == 0.0 and capacity(knee(16.0)) == 16.0
+    # an attainment equal to the target meets it, at lo, at hi and in the middle
+    assert capacity(lambda r: 0.9, target=0.9) == 16.0
+    c = capacity(knee(3.0, good=0.9), target=0.9, tol=0.01)
+    assert 3.0 * 0.99 <= c <= 3.0
+    # the bracket [4, 16]: mid 8 meets a knee at 10 (lo = 8), mid sqrt(128) = 11.3 misses (hi = 11.3);
+    # 11.3 - 8 <= tol * lo = 4, so the search stops and answers 8 exactly
+    assert capacity(knee(10.0), lo=4.0, hi=16.0, tol=0.5) == 8.0
+    # a bracket already as narrow as tol * lo (0.75 - 0.5 == 0.5 * 0.5) is not bisected further
+    assert capacity(knee(0.7), lo=0.5, hi=0.75, tol=0.5) == 0.5
+    for lo, hi in ((0.0, 1.0), (1.0, 1.0), (-1.0, 2.0)):
+        with pytest.raises(ValueError, match=r"need 0 < lo < hi, got lo="):
+            capacity(knee(1.0), lo=lo, hi=hi)

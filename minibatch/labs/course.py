@@ -86,8 +86,8 @@ LABS = (
     LabEntry("L04", "分页块管理器：分配、追加、释放与写时复制", (7,)),
     LabEntry("L05", "用 Triton 写分页注意力解码内核（CPU 上用解释器运行）", (7, 17)),
     LabEntry("L06", "Token 预算下的分块预填充（Chunked Prefill）", (11,)),
-    LabEntry("L07", "抢占与牺牲者选择（Victim Selection）", (12,)),
-    LabEntry("L08", "基数树（Radix Tree）中的前缀匹配与插入", (13, 14)),
+    LabEntry("L07", "抢占与抢占对象的选择", (12,)),
+    LabEntry("L08", "基数树：前缀匹配、插入与驱逐", (13, 14)),
     LabEntry("L09", "SJF 与 MLFQ 调度策略", (21, 23)),
     LabEntry("L10", "多副本路由器（Router）", (26,)),
 )
