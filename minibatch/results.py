@@ -125,6 +125,8 @@ class RequestRecord:
     finish_reason: str | None = None
     error: str | None = None
     output_token_ids: list[int] | None = None
+    replica: int | None = None            # which replica served it (minibatch.cluster); None for one engine
+    model: str | None = None              # the model the request asked for (minibatch.cluster), if any
 
     @property
     def ttft(self) -> float | None:
