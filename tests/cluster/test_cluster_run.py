@@ -31,8 +31,8 @@ def test_one_replica_equals_minibatch_run_in_the_simulator(kw):
 
 def test_one_replica_equals_minibatch_run_with_the_tiny_model():
     wl = _workload(10, seed=3)
-    single = run(wl, engine=tiny_engine(max_num_seqs=4))
-    one = cluster.run(wl, engines=[tiny_engine(max_num_seqs=4)])
+    single = run(wl, engine=tiny_engine(max_num_seqs=4, num_kv_blocks=128))
+    one = cluster.run(wl, engines=[tiny_engine(max_num_seqs=4, num_kv_blocks=128)])
     assert record_dicts(one.requests) == record_dicts(single.requests)    # token ids and times
     assert all(r.output_token_ids for r in one.requests)
     assert one.replicas[0].steps == single.steps
