@@ -203,6 +203,7 @@ REJECT_REASONS = (
     ("outside the vocabulary", "token id outside the vocabulary"),
     ("empty prompt", "empty prompt"),
     ("invalid sampling parameter", "invalid sampling parameter"),
+    ("no replica serves model", "no replica serves the model"),      # minibatch.cluster
 )
 
 
