@@ -106,9 +106,12 @@ class Replica:
         return None
 
     # -- requests ------------------------------------------------------------------
-    def admitted(self, rid: str, num_tokens: int, now: float) -> None:
-        """Bookkeeping after the loop added request ``rid`` to this engine at ``now``."""
+    def admitted(self, rid: str, num_tokens: int, now: float, queued: bool = True) -> None:
+        """Bookkeeping after the loop handed request ``rid`` to this engine at ``now``
+        (``queued=False``: the engine rejected it, so it adds no load)."""
         self.ids.append(rid)
+        if not queued:
+            return
         self.blocked_until = None
         if self.busy(now):
             a = self._added

@@ -94,7 +94,7 @@ def _replica_models(replicas: int, model, models) -> list[str]:
 def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim", model: str = "tiny",
         hardware: str | None = None, *, models=None, router_kwargs: dict | None = None,
         engines: list[LLMEngine] | None = None, keep_tokens: bool | None = None,
-        on_step: Callable | None = None, **engine_kwargs) -> ClusterResult:
+        on_step: Callable | None = None, clock: str = "virtual", **engine_kwargs) -> ClusterResult:
     """Replay ``workload`` on ``replicas`` engines behind ``router``; return a :class:`ClusterResult`.
 
     ``router`` is a registered name (``minibatch.cluster.routers.available()``), a
@@ -105,8 +105,11 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
     to a replica serving that model, and is rejected (with the reason in its record) if none
     does. ``engines`` hands in ready-made engines instead (each with its own virtual clock;
     their ``config.model`` names what they serve). ``on_step(replica_index, engine, step)`` is
-    called after every step that ran.
+    called after every step that ran. ``clock`` must be ``"virtual"``: the replicas' time is
+    the event loop's (a wall-clock cluster is the HTTP router's job).
     """
+    if clock != "virtual":
+        raise ValueError(f"minibatch.cluster.run replays under the virtual clock only, got clock={clock!r}")
     wall0 = time.perf_counter()
     if engines is None:
         names = _replica_models(replicas, model, models)
@@ -158,12 +161,14 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         engine = rep.engine
         engine.clock.advance_to(now)       # an idle machine waits for the request; a busy one is past it
         params = SamplingParams(temperature=0.0, max_tokens=max(1, spec.max_tokens), ignore_eos=True)
+        queued = True
         try:
             engine.add_request(prompt, params, request_id=rid, arrival_time=now,
                                priority=spec.priority, tenant=spec.tenant)
         except ValueError as e:
             engine.requests[rid] = engine.reject(prompt, params, str(e), request_id=rid, arrival_time=now)
-        rep.admitted(rid, len(prompt), now)
+            queued = False
+        rep.admitted(rid, len(prompt), now, queued)
         order.append((rid, rep))
 
     pending = deque(specs)

@@ -96,3 +96,32 @@ def test_summary_counts_replica_seconds():
     last = max(st.start_time + st.duration for st in res.steps)
     assert s["replica_seconds"] == pytest.approx(2 * (last - wl[0].arrival_time))
     assert 0 < s["busy_replica_seconds"] <= s["replica_seconds"]
+
+
+def test_a_router_sees_a_busy_replica_as_its_step_started_plus_what_it_routed_since():
+    from minibatch.cluster.routers import Router
+
+    class Spy(Router):
+        name = "spy"
+
+        def __init__(self):
+            self.seen = []
+
+        def choose(self, request, replicas, now):
+            self.seen.append((now, replicas[0]))
+            return 0
+
+    spy = Spy()
+    # a at 0 (a long prompt: its first step takes a while); b and c arrive during that step
+    wl = Workload([RequestSpec(0.0, 2000, 4, request_id="a"), RequestSpec(0.001, 100, 4, request_id="b"),
+                   RequestSpec(0.002, 50, 4, request_id="c")])
+    res = cluster.run(wl, replicas=1, router=spy, **SIM)
+    first = res.replicas[0].steps[0]
+    assert first.start_time == 0.0 and first.duration > 0.002       # b and c arrive while it runs
+    (_, va), (_, vb), (_, vc) = spy.seen
+    assert (va.num_running, va.num_waiting, va.in_flight_tokens) == (0, 0, 0)
+    # When the step started, a was waiting and nothing was running or held in KV.
+    assert (vb.num_running, vb.num_waiting, vb.kv_blocks_used, vb.in_flight_tokens) == (0, 1, 0, 2000)
+    assert (vc.num_running, vc.num_waiting, vc.in_flight_tokens) == (0, 2, 2100)
+    assert vc.active_blocks == -(-2000 // vc.block_size) + -(-100 // vc.block_size)
+    assert [v.num_routed for _, v in spy.seen] == [0, 1, 2]
