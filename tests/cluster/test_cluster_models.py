@@ -52,3 +52,14 @@ def test_a_model_no_replica_serves_is_rejected_with_a_clear_error():
 def test_models_must_match_the_number_of_replicas():
     with pytest.raises(ValueError, match="replicas=2 but models= names 3 replicas"):
         cluster.run(_workload(), replicas=2, models=["a", "b", "c"], **SIM)
+
+
+def test_multi_tenant_workload_ties_each_tenant_to_its_system_prompt():
+    from minibatch.workload import multi_tenant
+
+    wl = multi_tenant(40, rate=10.0, num_tenants=4, system_prompt_len=64, question_len=8, output_len=4, seed=1)
+    assert {r.tenant for r in wl} == {f"tenant-{r.prefix_id}" for r in wl}
+    for r in wl:
+        same = [o for o in wl if o.tenant == r.tenant]
+        assert all(o.prompt_token_ids[:64] == r.prompt_token_ids[:64] for o in same)
+        assert r.prompt_len == 72
