@@ -48,7 +48,7 @@ def main(argv=None) -> None:
     ap.add_argument("--hardware", default="a10")
     ap.add_argument("--long", type=int, default=10000, help="requests of the timed long run (0: none)")
     args = ap.parse_args(argv)
-    engine = dict(executor="sim", model=args.model, hardware=args.hardware, enable_prefix_caching=True)
+    engine = {"executor": "sim", "model": args.model, "hardware": args.hardware, "enable_prefix_caching": True}
 
     print(f"{args.replicas} x {args.model} on {args.hardware}, {args.tenants} tenants x {args.prompt}-token "
           f"system prompts, {args.n} requests at {args.rate:g} req/s; medians over {args.seeds} seeds")

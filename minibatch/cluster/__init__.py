@@ -35,4 +35,4 @@ from minibatch.cluster.replica import Replica, ReplicaView
 from minibatch.cluster.routers import Router, available, register
 from minibatch.cluster.runner import ClusterResult, run
 
-__all__ = ["run", "ClusterResult", "ReplicaView", "Replica", "Router", "routers", "available", "register"]
+__all__ = ["ClusterResult", "Replica", "ReplicaView", "Router", "available", "register", "routers", "run"]

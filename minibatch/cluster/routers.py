@@ -31,11 +31,11 @@ Seeded routers draw from their own ``random.Random(seed)``, so runs are reproduc
 from __future__ import annotations
 
 import random as _random
-from typing import Callable
+from collections.abc import Callable
 
 from minibatch.cluster.replica import ReplicaView
 
-_REGISTRY: dict[str, type["Router"]] = {}
+_REGISTRY: dict[str, type[Router]] = {}
 
 
 class Router:
@@ -75,7 +75,7 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get(router: "str | Router | type[Router]", **kwargs) -> Router:
+def get(router: str | Router | type[Router], **kwargs) -> Router:
     """A router instance from a name (or a class, or an instance, returned as is)."""
     if isinstance(router, Router):
         return router

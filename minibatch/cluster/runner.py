@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from minibatch.cluster import routers as _routers
 from minibatch.cluster.replica import Replica

@@ -7,7 +7,7 @@ import pytest
 from minibatch import cluster
 from minibatch.workload import RequestSpec, Workload
 
-SIM = dict(executor="sim", hardware="a100-80g")
+SIM = {"executor": "sim", "hardware": "a100-80g"}
 
 
 def _workload():

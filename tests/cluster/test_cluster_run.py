@@ -8,7 +8,7 @@ from minibatch import cluster, run
 from minibatch.workload import RequestSpec, Workload, synthetic, uniform
 from tests.cluster.helpers import record_dicts, tiny_engine
 
-SIM = dict(executor="sim", model="llama-2-7b", hardware="a100-80g")
+SIM = {"executor": "sim", "model": "llama-2-7b", "hardware": "a100-80g"}
 
 
 def _workload(n=30, seed=0, rate=8.0):

@@ -12,13 +12,13 @@ from minibatch.cluster import routers
 from minibatch.workload import shared_prefix, uniform
 from tests.cluster.helpers import tiny_engine
 
-ENGINE = dict(max_num_seqs=4, enable_prefix_caching=True, block_size=8, num_kv_blocks=128)
+ENGINE = {"max_num_seqs": 4, "enable_prefix_caching": True, "block_size": 8, "num_kv_blocks": 128}
 
 
 @pytest.fixture(scope="module")
 def workload_and_reference():
     # Three tenants' system prompts; ids are made for the tiny model's vocabulary by the run.
-    wl = shared_prefix(14, rate=30.0, num_prefixes=3, prefix_len=40, suffix_len=uniform(4, 16),
+    wl = shared_prefix(10, rate=30.0, num_prefixes=3, prefix_len=40, suffix_len=uniform(4, 16),
                        output_len=uniform(2, 8), seed=5, tenants=["a", "b", "c"])
     wl = type(wl)([dataclasses.replace(r, prompt_token_ids=None) for r in wl], name=wl.name)
     single = run(wl, engine=tiny_engine(**ENGINE))
