@@ -125,6 +125,8 @@ class RequestRecord:
     finish_reason: str | None = None
     error: str | None = None
     output_token_ids: list[int] | None = None
+    replica: int | None = None            # which replica served it (minibatch.cluster); None for one engine
+    model: str | None = None              # the model the request asked for (minibatch.cluster), if any
 
     @property
     def ttft(self) -> float | None:
@@ -201,6 +203,7 @@ REJECT_REASONS = (
     ("outside the vocabulary", "token id outside the vocabulary"),
     ("empty prompt", "empty prompt"),
     ("invalid sampling parameter", "invalid sampling parameter"),
+    ("no replica serves model", "no replica serves the model"),      # minibatch.cluster
 )
 
 

@@ -35,6 +35,7 @@ class RequestSpec:
     prefix_id: int | None = None   # shared-prefix group, if any
     prefix_len: int = 0            # leading prompt tokens shared by the prefix_id group
     hash_ids: list[int] | None = None  # Mooncake: ids of the prompt's 512-token blocks
+    model: str | None = None       # the model it asks for (a cluster routes it to a replica serving it)
 
     def __post_init__(self):
         if not (isinstance(self.arrival_time, (int, float, np.floating, np.integer))

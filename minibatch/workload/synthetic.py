@@ -9,6 +9,7 @@ output distribution leaves the arrival times unchanged.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -17,7 +18,7 @@ from .arrivals import gamma_arrivals
 from .lengths import as_length_dist
 from .spec import RequestSpec, Workload
 
-__all__ = ["synthetic", "from_arrivals", "shared_prefix"]
+__all__ = ["synthetic", "from_arrivals", "shared_prefix", "multi_tenant"]
 
 # `vllm bench serve --dataset-name random` defaults: 1024 input, 128 output tokens.
 DEFAULT_INPUT_LEN = 1024
@@ -114,3 +115,23 @@ def shared_prefix(n: int, rate: float, num_prefixes: int = 4, prefix_len=512,
             for i in range(n)]
     wl = Workload(reqs, name=name, meta={"token_seed": seed, "vocab_size": vocab_size})
     return wl.materialize(vocab_size, seed=seed, reserved_ids=reserved_ids)
+
+
+def multi_tenant(n: int, rate: float, num_tenants: int = 16, system_prompt_len=2048, question_len=128,
+                 output_len=DEFAULT_OUTPUT_LEN, seed: int = 0, burstiness: float = 1.0,
+                 popularity: float = 0.0, vocab_size: int = 32000, reserved_ids: Iterable[int] = (),
+                 name: str | None = None) -> Workload:
+    """Tenants with long system prompts: request ``i`` belongs to tenant ``tenant-k`` and starts
+    with that tenant's system prompt (``system_prompt_len`` tokens: an int, or a distribution
+    sampled once per tenant), then its own question (``question_len``).
+
+    A :func:`shared_prefix` workload with one prefix group per tenant and ``tenant`` set to
+    the group, so that a session router (sticky by tenant) and a prefix-aware router (by the
+    prompt's tokens) can both find what a replica has cached. ``popularity`` > 0 makes some
+    tenants busier (Zipf-like, as in ``shared_prefix``).
+    """
+    wl = shared_prefix(n, rate, num_prefixes=num_tenants, prefix_len=system_prompt_len, suffix_len=question_len,
+                       output_len=output_len, seed=seed, burstiness=burstiness, popularity=popularity,
+                       vocab_size=vocab_size, reserved_ids=reserved_ids, name=name or "multi_tenant")
+    reqs = [dataclasses.replace(r, tenant=f"tenant-{r.prefix_id}") for r in wl]
+    return Workload(reqs, name=wl.name, meta={**wl.meta, "num_tenants": num_tenants})

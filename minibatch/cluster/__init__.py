@@ -1,0 +1,38 @@
+"""The cluster layer: N engine replicas behind a router, under one virtual clock.
+
+::
+
+    workload ─► Router ─► replica 0 … N-1   (each an LLMEngine: its own scheduler, KV pool, clock)
+                  ▲            │
+                  └─ ReplicaView (running, waiting, KV usage, prefix match, in-flight tokens)
+
+``run(workload, replicas=4, router="prefix_aware", executor="sim", model="llama-3-8b",
+hardware="a100-80g", **engine_kwargs) -> ClusterResult``; ``ClusterResult.summary()`` has
+``RunResult.summary()``'s keys over all requests plus ``replicas``, ``routed``,
+``replica_seconds`` ...; ``ClusterResult.requests`` holds every record (each with
+``.replica``), ``ClusterResult.replicas`` one ``RunResult`` per replica. How the event loop
+keeps N replicas' time apart: ``minibatch.cluster.runner``; the routers and where each
+rule comes from: ``minibatch.cluster.routers``.
+
+Your own router is a class with a ``name`` and a ``choose`` that returns a position in the
+list of views::
+
+    from minibatch import cluster
+    from minibatch.cluster.routers import Router, register
+
+    @register
+    class FewestTokens(Router):
+        name = "fewest_tokens"
+
+        def choose(self, request, replicas, now):
+            return min(range(len(replicas)), key=lambda i: replicas[i].in_flight_tokens)
+
+    result = cluster.run(workload, replicas=4, router="fewest_tokens")
+"""
+
+from minibatch.cluster import routers
+from minibatch.cluster.replica import Replica, ReplicaView
+from minibatch.cluster.routers import Router, available, register
+from minibatch.cluster.runner import ClusterResult, run
+
+__all__ = ["ClusterResult", "Replica", "ReplicaView", "Router", "available", "register", "routers", "run"]
