@@ -233,7 +233,9 @@ plt.show()
 # 3. 逐块循环：第 `i` 块的物理块号是 `tl.load(table_ptr + s * stride_bt_s + i)`，块内 `BLOCK_SIZE` 个槽位用 `tl.arange` 一次取出，
 #    得到 `[BLOCK_SIZE, BLOCK_D]` 的 K 与 V 块；超出 `context_lens[s]` 的位置要屏蔽：分数置为 `-inf`，读 K/V 时也要带掩码
 #    （那些槽位是 NaN，而 0 × NaN 仍是 NaN）；
-# 4. 打分可以不用 `tl.dot`：`tl.sum(k * q[None, :], axis=1)`；按上面的公式更新 `m`、`l`、`acc`；最后写回 `acc / l`。
+# 4. 打分可以不用 `tl.dot`：`tl.sum(k * q[None, :], axis=1)`；按上面的公式更新 `m`、`l`、`acc`；最后写回 `acc / l`；
+# 5. 长度为 0 的上下文（批里补齐的空行）一块也不读，`l` 仍是 0：写回 0，而不是 0/0 = NaN
+#    （引擎自己的内核 `minibatch/kernels/triton_decode.py` 也这样约定）。
 #
 # `scale` 由包装函数传入，默认 $1/\sqrt{d}$。检查单元格用 `torch.testing.assert_close`（fp32 的默认容差）与
 # `minibatch.kernels.reference.paged_decode_attention_ref` 比较，长度包括 1、块大小的整数倍和在块中间结束的序列。
@@ -282,7 +284,8 @@ def _decode_head_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, conte
         l = l * alpha + tl.sum(p, axis=0)
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         m = m_new
-    tl.store(out_ptr + seq * stride_o_s + head * stride_o_h + offs_d, acc / l, mask=mask_d)
+    out = acc / tl.where(l > 0, l, 1.0)                 # an empty context: zeros, not 0/0
+    tl.store(out_ptr + seq * stride_o_s + head * stride_o_h + offs_d, out, mask=mask_d)
     ### END SOLUTION
 
 # %% [markdown]
@@ -309,6 +312,7 @@ def check_decode(fn, case, what, **kw):
     # The reference gathers whole blocks and masks scores, so it would spread the NaN of empty slots: give it zeros.
     ref = paged_decode_attention_ref(q, k_cache.nan_to_num(), v_cache.nan_to_num(), block_tables, context_lens,
                                      kw.get("scale"))
+    ref[context_lens == 0] = 0.0                      # an empty context attends to nothing: a zero row
     assert mine.shape == ref.shape, f"{what}: shape {tuple(mine.shape)}, expected {tuple(ref.shape)}"
     bad = [s for s in range(len(context_lens)) if mine[s].isnan().any()]
     assert not bad, f"{what}: NaN for the sequences of length {[int(context_lens[s]) for s in bad]} " \
@@ -320,16 +324,17 @@ def check_decode(fn, case, what, **kw):
 errs = [check_decode(decode_per_head, (q, k_cache, v_cache, block_tables, context_lens), "GQA, group 2")]
 errs.append(check_decode(decode_per_head, random_paged(2, LENS, num_heads=2, num_kv_heads=2), "MHA (group 1)"))
 errs.append(check_decode(decode_per_head, random_paged(3, [5, 16]), "scale 0.5", scale=0.5))
+errs.append(check_decode(decode_per_head, random_paged(7, [0, 6, 0]), "context 0 (padded rows)"))
 assert max(errs) < 1e-5
-print(f"matches paged_decode_attention_ref on lens {LENS} (GQA and MHA) and with scale 0.5; "
-      f"max |error| < 1e-5")
+print(f"matches paged_decode_attention_ref on lens {LENS} (GQA and MHA), with scale 0.5, and gives zeros "
+      f"for empty contexts; max |error| < 1e-5")
 
 # %% tags=["check:2", "hidden"]
 rng = random.Random(2050)
 for trial in range(6):
     kvh, g = rng.choice([1, 2]), rng.choice([1, 2, 3])
     bs, d = rng.choice([1, 2, 4, 8]), rng.choice([8, 12, 16, 32])
-    lens = [rng.randint(1, 40) for _ in range(rng.randint(1, 4))]
+    lens = [rng.randint(0, 40) for _ in range(rng.randint(1, 4))]
     check_decode(decode_per_head, random_paged(200 + trial, lens, kvh * g, kvh, d, bs),
                  f"hidden: {kvh * g} heads, {kvh} KV heads, head_dim {d}, block_size {bs}")
 print("hidden: 6 random shapes match the reference")
@@ -365,7 +370,7 @@ print(f"one sequence of 4096 tokens, all {spec.num_layers} layers: {per_token * 
 #   加权和同理 `tl.sum(p[:, :, None] * v[None, :, :], axis=1)`。
 #
 # （引擎的内核把这两步写成 `tl.dot`，在 GPU 上走 Tensor Core；`tl.dot` 要求每维至少 16，所以它把 `BLOCK_G` 补到 16。
-# 这里的形状很小，用广播求和即可，结果相同。）检查覆盖 $G$ = 2、4 与 MQA（只有 1 个 KV 头）。
+# 这里的形状很小，用广播求和即可，结果相同。）检查覆盖 $G$ = 2、4、MQA（只有 1 个 KV 头）与长度为 0 的上下文。
 #
 # <details><summary>提示</summary>
 #
@@ -415,7 +420,8 @@ def _decode_group_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cont
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m = m_new
-    tl.store(out_ptr + seq * stride_o_s + heads[:, None] * stride_o_h + offs_d[None, :], acc / l[:, None], mask=mask_q)
+    tl.store(out_ptr + seq * stride_o_s + heads[:, None] * stride_o_h + offs_d[None, :], acc / tl.where(l > 0, l, 1.0)[:, None],
+             mask=mask_q)
     ### END SOLUTION
 
 # %%
@@ -439,6 +445,7 @@ errs.append(check_decode(decode_grouped, random_paged(4, LENS, num_heads=8, num_
 errs.append(check_decode(decode_grouped, random_paged(5, [3, 21], num_heads=4, num_kv_heads=1), "MQA (1 KV head)"))
 errs.append(check_decode(decode_grouped, random_paged(6, [9, 2, 30], num_heads=6, num_kv_heads=2, head_dim=24),
                          "group 3, head_dim 24 (both padded)"))
+errs.append(check_decode(decode_grouped, random_paged(8, [0, 11], num_heads=4, num_kv_heads=2), "context 0 (padded row)"))
 assert max(errs) < 1e-5
 print(f"one program per (sequence, KV head) matches the reference for G = 2, 4, MQA and a padded group of 3; "
       f"max |error| < 1e-5")
@@ -448,7 +455,7 @@ rng = random.Random(3050)
 for trial in range(6):
     kvh, g = rng.choice([1, 2, 3]), rng.choice([1, 2, 3, 4, 8])
     bs, d = rng.choice([1, 2, 4, 8]), rng.choice([8, 12, 16, 32])
-    lens = [rng.randint(1, 40) for _ in range(rng.randint(1, 4))]
+    lens = [rng.randint(0, 40) for _ in range(rng.randint(1, 4))]
     check_decode(decode_grouped, random_paged(300 + trial, lens, kvh * g, kvh, d, bs),
                  f"hidden: {kvh * g} heads, {kvh} KV heads, head_dim {d}, block_size {bs}")
 print("hidden: 6 random shapes match the reference")
