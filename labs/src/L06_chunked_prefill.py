@@ -201,6 +201,23 @@ for trial in range(400):
     kv_limited += state[4] < 5
 print(f"400 hidden random states identical ({chunked} cut a prefill, {kv_limited} had fewer than 5 spare blocks)")
 
+# random_state almost never cuts a preempted request among its generated tokens: these states do.
+for trial in range(100):
+    block_size = rng.choice([4, 8, 16])
+    running = []
+    for i in range(rng.randint(0, 3)):                                     # decodes
+        plen = rng.randint(2, 200)
+        running.append(make_request(f"run{i}", plen, output_len=3, computed=plen + 2, running=True))
+    prompt, out = rng.randint(1, 300), rng.randint(1, 10)
+    waiting = [make_request("wait0", prompt, output_len=out), make_request("wait1", rng.randint(1, 50))]
+    budget = len(running) + prompt + rng.randint(0, out)                 # wait0's chunk ends within its outputs
+    state = (running, waiting, budget, 8, 200, block_size)
+    mine, theirs = plan_step(*state), engine_plan(*state)
+    assert mine == theirs, (f"hidden state {trial}: wait0 was preempted; it recomputes its prompt ({prompt} tokens) and "
+                            f"its {out} generated tokens, and samples only once all {prompt + out} are computed "
+                            f"(n == gap): yours {mine}, engine {theirs}")
+print("100 hidden states with a preempted request cut among its generated tokens identical")
+
 # %% [markdown]
 # 引擎的 `Scheduler.schedule` 还处理了前缀缓存、准入控制与抢占（第 12、13 章），但在这些状态下它做的正是你的 `plan_step`。
 #
