@@ -153,6 +153,19 @@ def random_state(rng: random.Random):
     return running, waiting, rng.choice([8, 16, 64, 128, 256, 512, 2048]), rng.randint(1, 8), free_blocks, block_size
 
 
+def recompute_state(rng: random.Random):
+    """A few decodes and a preempted request (wait0) whose chunk ends among its generated tokens, or at their end:
+    rare in random_state."""
+    block_size = rng.choice([4, 8, 16])
+    running = []
+    for i in range(rng.randint(0, 3)):
+        plen = rng.randint(2, 200)
+        running.append(make_request(f"run{i}", plen, output_len=3, computed=plen + 2, running=True))
+    prompt, out = rng.randint(1, 300), rng.randint(1, 10)
+    waiting = [make_request("wait0", prompt, output_len=out), make_request("wait1", rng.randint(1, 50))]
+    return running, waiting, len(running) + prompt + rng.randint(0, out), 8, 200, block_size
+
+
 example = random_state(random.Random(7))
 print("running (id, computed, num_tokens):", [(r.request_id, r.num_computed_tokens, r.num_tokens) for r in example[0]])
 print("waiting (id, num_tokens):", [(r.request_id, r.num_tokens) for r in example[1]])
@@ -201,21 +214,14 @@ for trial in range(400):
     kv_limited += state[4] < 5
 print(f"400 hidden random states identical ({chunked} cut a prefill, {kv_limited} had fewer than 5 spare blocks)")
 
-# random_state almost never cuts a preempted request among its generated tokens: these states do.
 for trial in range(100):
-    block_size = rng.choice([4, 8, 16])
-    running = []
-    for i in range(rng.randint(0, 3)):                                     # decodes
-        plen = rng.randint(2, 200)
-        running.append(make_request(f"run{i}", plen, output_len=3, computed=plen + 2, running=True))
-    prompt, out = rng.randint(1, 300), rng.randint(1, 10)
-    waiting = [make_request("wait0", prompt, output_len=out), make_request("wait1", rng.randint(1, 50))]
-    budget = len(running) + prompt + rng.randint(0, out)                 # wait0's chunk ends within its outputs
-    state = (running, waiting, budget, 8, 200, block_size)
+    state = recompute_state(rng)
     mine, theirs = plan_step(*state), engine_plan(*state)
-    assert mine == theirs, (f"hidden state {trial}: wait0 was preempted; it recomputes its prompt ({prompt} tokens) and "
-                            f"its {out} generated tokens, and samples only once all {prompt + out} are computed "
-                            f"(n == gap): yours {mine}, engine {theirs}")
+    wait0 = state[1][0]
+    assert mine == theirs, (f"hidden state {trial}: wait0 was preempted; it recomputes its prompt "
+                            f"({wait0.num_prompt_tokens} tokens) and its {wait0.num_output_tokens} generated tokens, "
+                            f"and samples only once all {wait0.num_tokens} are computed (n == gap): "
+                            f"yours {mine}, engine {theirs}")
 print("100 hidden states with a preempted request cut among its generated tokens identical")
 
 # %% [markdown]
@@ -279,6 +285,10 @@ for trial in range(80):
     order = [r.request_id for r in ChunkPlanPolicy().schedule_order(st)]
     planned = [rid for rid, _, _ in plan_step(*state)]
     assert order == planned, f"state {trial}: schedule_order should return the planned requests {planned}, got {order}"
+for trial in range(40):
+    state = recompute_state(rng)
+    assert plan_step(*state) == engine_plan(*state), \
+        f"ChunkPlanPolicy relies on plan_step, which differs from the engine on recompute_state {trial}: fix task 1 first"
 tiny_wl = synthetic(6, float("inf"), input_len=lognormal(median=90, sigma=0.6, max=300), output_len=10, seed=3)
 TINY = dict(model="tiny", max_num_seqs=6, num_kv_blocks=128, block_size=16)
 BUDGET = 24
