@@ -153,6 +153,19 @@ def random_state(rng: random.Random):
     return running, waiting, rng.choice([8, 16, 64, 128, 256, 512, 2048]), rng.randint(1, 8), free_blocks, block_size
 
 
+def recompute_state(rng: random.Random):
+    """A few decodes and a preempted request (wait0) whose chunk ends among its generated tokens, or at their end:
+    rare in random_state."""
+    block_size = rng.choice([4, 8, 16])
+    running = []
+    for i in range(rng.randint(0, 3)):
+        plen = rng.randint(2, 200)
+        running.append(make_request(f"run{i}", plen, output_len=3, computed=plen + 2, running=True))
+    prompt, out = rng.randint(1, 300), rng.randint(1, 10)
+    waiting = [make_request("wait0", prompt, output_len=out), make_request("wait1", rng.randint(1, 50))]
+    return running, waiting, len(running) + prompt + rng.randint(0, out), 8, 200, block_size
+
+
 example = random_state(random.Random(7))
 print("running (id, computed, num_tokens):", [(r.request_id, r.num_computed_tokens, r.num_tokens) for r in example[0]])
 print("waiting (id, num_tokens):", [(r.request_id, r.num_tokens) for r in example[1]])
@@ -200,6 +213,16 @@ for trial in range(400):
     chunked += any(not s for _, n, s in theirs if n > 1)
     kv_limited += state[4] < 5
 print(f"400 hidden random states identical ({chunked} cut a prefill, {kv_limited} had fewer than 5 spare blocks)")
+
+for trial in range(100):
+    state = recompute_state(rng)
+    mine, theirs = plan_step(*state), engine_plan(*state)
+    wait0 = state[1][0]
+    assert mine == theirs, (f"hidden state {trial}: wait0 was preempted; it recomputes its prompt "
+                            f"({wait0.num_prompt_tokens} tokens) and its {wait0.num_output_tokens} generated tokens, "
+                            f"and samples only once all {wait0.num_tokens} are computed (n == gap): "
+                            f"yours {mine}, engine {theirs}")
+print("100 hidden states with a preempted request cut among its generated tokens identical")
 
 # %% [markdown]
 # 引擎的 `Scheduler.schedule` 还处理了前缀缓存、准入控制与抢占（第 12、13 章），但在这些状态下它做的正是你的 `plan_step`。
@@ -262,6 +285,10 @@ for trial in range(80):
     order = [r.request_id for r in ChunkPlanPolicy().schedule_order(st)]
     planned = [rid for rid, _, _ in plan_step(*state)]
     assert order == planned, f"state {trial}: schedule_order should return the planned requests {planned}, got {order}"
+for trial in range(40):
+    state = recompute_state(rng)
+    assert plan_step(*state) == engine_plan(*state), \
+        f"ChunkPlanPolicy relies on plan_step, which differs from the engine on recompute_state {trial}: fix task 1 first"
 tiny_wl = synthetic(6, float("inf"), input_len=lognormal(median=90, sigma=0.6, max=300), output_len=10, seed=3)
 TINY = dict(model="tiny", max_num_seqs=6, num_kv_blocks=128, block_size=16)
 BUDGET = 24

@@ -162,12 +162,13 @@ def preempt_recompute(req: Request, running: list[Request], waiting: collections
 
 # %%
 def running_state(lengths, num_blocks=16, block_size=4, waiting=()):
-    """A KV manager with running requests of the given (prompt, generated) lengths, each holding its blocks."""
+    """A KV manager with running requests of the given (prompt, generated[, computed]) lengths, each holding
+    its blocks; without ``computed`` a request is decoding (all its tokens but the last are in the cache)."""
     kv = KVCacheManager(num_blocks, block_size)
     running = []
-    for i, (p, g) in enumerate(lengths):
+    for i, (p, g, *c) in enumerate(lengths):
         r = make_request(f"r{i}", p, g)
-        computed, r.num_computed_tokens = r.num_computed_tokens, 0
+        computed, r.num_computed_tokens = (c[0] if c else r.num_computed_tokens), 0
         assert kv.allocate_slots(r, computed)          # blocks for the tokens already in the cache
         r.num_computed_tokens = computed
         running.append(r)
@@ -217,17 +218,27 @@ print("hand-made states: the same bookkeeping as Scheduler._preempt")
 
 # %% tags=["check:2", "hidden"]
 rng = random.Random(7007)
+cut = 0
 for trial in range(200):
-    lengths = [(rng.randint(1, 20), rng.randint(0, 12)) for _ in range(rng.randint(1, 5))]
-    need = sum(-(-(p + g - 1) // 4) for p, g in lengths)
+    lengths = []
+    for _ in range(rng.randint(1, 5)):
+        p, g = rng.randint(1, 20), rng.randint(0, 12)
+        # decoding, or in the middle of a (re)computation cut into chunks: fewer tokens in the cache
+        lengths.append((p, g, p + g - 1 if rng.random() < 0.6 else rng.randint(min(1, p + g - 1), p + g - 1)))
+    need = sum(-(-c // 4) for _, _, c in lengths)
     state = running_state(lengths, num_blocks=need + rng.randint(0, 6), waiting=[rng.randint(1, 9) for _ in range(rng.randint(0, 3))])
     victim_id = rng.choice(state[1]).request_id
     theirs = snapshot(*engine_preempt(*state, victim_id))
     kv3, run3, q3 = copy.deepcopy(state)
     v3 = next(r for r in run3 if r.request_id == victim_id)
+    cut += v3.num_computed_tokens < v3.num_tokens - 1
     mine = snapshot(kv3, run3, q3, v3, preempt_recompute(v3, run3, q3, kv3))
+    assert mine["lost"] == theirs["lost"], \
+        (f"random state {trial}, (prompt, generated, computed) {lengths}, victim {victim_id}: it lost its "
+         f"num_computed_tokens = {theirs['lost']} tokens of KV (fewer than num_tokens - 1 when a chunked prefill "
+         f"was cut), you returned {mine['lost']}")
     assert mine == theirs, f"random state {trial}, lengths {lengths}, victim {victim_id}:\n yours  {mine}\n engine {theirs}"
-print("200 random states: the same bookkeeping as Scheduler._preempt")
+print(f"200 random states ({cut} victims in the middle of a prefill): the same bookkeeping as Scheduler._preempt")
 
 # %% [markdown]
 # ## 2. 一个过载的负载

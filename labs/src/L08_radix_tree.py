@@ -327,6 +327,9 @@ assert tree.edges() == [((1, 2), 3), ((1, 2, 3, 4), 2), ((1, 2, 5), 0), ((7,), 0
     f"last_access of the nodes each call walked into (calls 1..5): want [((1,2),3), ((1,2,3,4),2), ((1,2,5),0), ((7,),0)], got {tree.edges()}"
 assert tree.clock == 5, "every match_prefix ticks the clock once"
 tree.check()
+deep = tree_from_paths(RadixTree, [(1, 2), (1, 2, 3)])
+assert deep.match_prefix([1, 3]) == 1, \
+    "1 of the edge '1 2', then stop: the child '3' comes after the whole edge '1 2', not after '1'"
 print("match_prefix: lengths and touched nodes as specified")
 
 # %% tags=["check:1", "hidden"]
@@ -343,7 +346,9 @@ def match_agrees(inserted, queries):
         ref.insert(s)
     tree = tree_from_paths(RadixTree, list(ref.ends), ref.ends)
     tree.clock = ref.clock
-    for q in queries:
+    # also every way of leaving a cached sequence: at each position, with each other token
+    leave = [s[:j] + [x] for s in inserted for j in range(len(s)) for x in range(3) if x != s[j]]
+    for q in queries + leave:
         mine, want = tree.match_prefix(q), ref.match_prefix(q)
         assert mine == want, f"after inserting {inserted}: match_prefix({q}) is {want}, yours {mine}"
         assert tree.edges() == ref.edges(), f"after inserting {inserted}, match_prefix({q}): last_access differs:\n yours {tree.edges()}\n want  {ref.edges()}"
@@ -425,6 +430,25 @@ def evict_agrees(sequence):
 
 evict_agrees()
 print("300 random insert/match/evict sequences: the same tree as the prefix dictionary after every step")
+
+
+@settings(max_examples=200, derandomize=True, deadline=None, database=None, report_multiple_bugs=False)
+@given(st.lists(seqs, max_size=8), st.lists(st.integers(0, 2), min_size=1, max_size=12), st.integers(1, 8))
+def evict_ties_agree(inserted, times, num_tokens):
+    ref = PrefixOracle()
+    for s in inserted:
+        ref.insert(s)
+    ref.ends = {e: times[i % len(times)] for i, e in enumerate(sorted(ref.ends))}   # few distinct times: ties
+    tree = tree_from_paths(RadixTree, list(ref.ends), ref.ends)
+    before = tree.edges()
+    mine, want = tree.evict(num_tokens), ref.evict(num_tokens)
+    assert mine == want and tree.edges() == ref.edges(), \
+        (f"tree {before}: evict({num_tokens}) freed {mine}, want {want}; the least recently used leaf goes first, "
+         f"ties to the smallest path (the whole path, not the edge):\n yours {tree.edges()}\n want  {ref.edges()}")
+
+
+evict_ties_agree()
+print("200 random trees with ties in last_access: evict agrees with the prefix dictionary")
 
 # %% [markdown]
 # 你的树在一个共享前缀的请求流上会是什么样？把 `shared_prefix` 负载的前 40 个提示词依次插入，每插入 8 个就驱逐到只剩 3000 个 Token，
@@ -519,7 +543,13 @@ class MyCachePolicy(Policy):
 # %% tags=["check:4", "nbval-ignore-output"]
 policy = MyCachePolicy()
 assert not isinstance(policy, LPMPolicy), "write your own order: do not subclass LPMPolicy"
-mine = evaluate(policy, WORKLOAD)
+lpm_calls, lpm_order = [], LPMPolicy.schedule_order
+LPMPolicy.schedule_order = lambda self, state: lpm_calls.append(1) or lpm_order(self, state)
+try:
+    mine = evaluate(policy, WORKLOAD)
+finally:
+    LPMPolicy.schedule_order = lpm_order
+assert not lpm_calls, "write your own order: do not call LPMPolicy (its schedule_order ran inside yours)"
 print(f"yours: hit rate {mine['hit']:.1%} (need >= {fcfs['hit'] + 0.04:.1%}), "
       f"cold TTFT p99 {mine['cold_p99']:.1f} s (need <= {1.10 * fcfs['cold_p99']:.1f} s)")
 assert mine["hit"] >= fcfs["hit"] + 0.04, \

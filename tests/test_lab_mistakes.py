@@ -1,0 +1,399 @@
+"""The labs' graders reject wrong-but-plausible solutions, and say what was expected.
+
+Each case is one mistake a learner makes in one task: the reference solution with that
+mistake, written out below. It is graded (``minibatch.labs.grader.grade``) in a learner
+notebook whose other task cells hold the reference solutions (the answer key's task cells).
+Each case checks that
+
+* the mistaken task fails, and its failing check says what was expected (a distinctive
+  piece of the AssertionError text or of the output diff);
+* a mistake marked ``hidden_only`` is right on the visible checks and caught only by the
+  key's hidden (randomized) checks;
+* the tasks that do not depend on it still pass;
+* the tasks whose checks ``needs:`` it (directly or through another task) fail or do not
+  run: a later task's checks must not pass while an earlier task is wrong.
+
+All cases share one kernel (imports are paid once), as in tests/test_labs.py.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import dataclass
+
+import nbformat
+import pytest
+
+from minibatch.labs import find_lab, labs_dir
+from minibatch.labs.builder import shared_kernel
+from minibatch.labs.grader import grade
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    with shared_kernel(labs_dir()) as km:
+        yield km
+
+
+def _key(lab_id: str):
+    return nbformat.read(str(find_lab(lab_id).key_path), as_version=4)
+
+
+def _tags(cell) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def _numbers(tags, prefix) -> set[int]:
+    return {int(t.split(":", 1)[1]) for t in tags if re.fullmatch(prefix + r":\d+", t)}
+
+
+def reference(lab_id: str, cell_id: str) -> str:
+    """The reference solution of a task cell, as the answer key holds it."""
+    return next(c.source for c in _key(lab_id).cells if c.get("id") == cell_id)
+
+
+def with_method(lab_id: str, cell_id: str, method: str) -> str:
+    """The reference class of ``cell_id`` with one method (``def name(...)``) replaced by ``method``."""
+    src = reference(lab_id, cell_id)
+    method = textwrap.indent(textwrap.dedent(method).strip("\n"), "    ")
+    name = re.match(r"\s*def (\w+)\(", method).group(1)
+    pattern = re.compile(rf"^    def {name}\(.*?(?=\n\n    # --|\n\n\S|\Z)", re.S | re.M)
+    assert len(pattern.findall(src)) == 1, f"{cell_id}: no single method {name}"
+    return pattern.sub(lambda _: method, src)
+
+
+def dependents(lab_id: str, task: int) -> set[int]:
+    """The tasks with a check cell that needs ``task``, directly or through another task."""
+    needs: dict[int, set[int]] = {}
+    for c in _key(lab_id).cells:
+        for t in _numbers(_tags(c), "check"):
+            needs.setdefault(t, set()).update(_numbers(_tags(c), "needs"))
+    out, grew = set(), True
+    while grew:
+        grew = False
+        for t, ns in needs.items():
+            if t not in out and t != task and (task in ns or ns & out):
+                out.add(t)
+                grew = True
+    return out
+
+
+@dataclass(frozen=True)
+class Mistake:
+    lab: str
+    name: str
+    task: int            # the task the mistake is in
+    cell: str            # its task cell (id)
+    source: str          # that cell with the mistake
+    says: str            # what the failing check says (a distinctive substring)
+    hidden_only: bool = False
+
+    def __str__(self):
+        return f"{self.lab}-{self.name}"
+
+
+# -- L06 · chunked prefill ------------------------------------------------------------
+L06_PLAN = '''\
+def plan_step(running: list[Request], waiting: list[Request], budget: int, max_num_seqs: int,
+              free_blocks: int, block_size: int) -> list[tuple[str, int, bool]]:
+    """One step of chunked-prefill scheduling: (request_id, new tokens, samples) per scheduled request."""
+    def blocks(tokens: int) -> int:
+        return math.ceil(tokens / block_size)
+
+    plan: list[tuple[str, int, bool]] = []
+    for i, req in enumerate(running + waiting):
+        if budget <= 0 or len(plan) >= max_num_seqs:
+            break
+        gap = req.num_tokens - req.num_computed_tokens
+        n = min(gap, budget)
+        need = blocks(req.num_computed_tokens + n) - blocks(req.num_computed_tokens)
+        if need > free_blocks and i >= len(running):
+            break                      # a waiting request that does not fit stops admission (FCFS)
+        plan.append((req.request_id, n, n == gap))
+        budget -= n
+        free_blocks = max(0, free_blocks - need)
+    return plan
+'''
+
+
+def l06_plan(old: str, new: str) -> str:
+    assert L06_PLAN.count(old) == 1, old
+    return L06_PLAN.replace(old, new)
+
+
+MISTAKES = [
+    Mistake("L06", "blocks-for-the-whole-prompt", 1, "task-1", l06_plan(
+        "need = blocks(req.num_computed_tokens + n) - blocks(req.num_computed_tokens)",
+        "need = blocks(req.num_tokens) - blocks(req.num_computed_tokens)       # KV for the whole prompt"),
+        says="needs 4 blocks of 16, not the 19 blocks of its whole prompt"),
+    Mistake("L06", "skips-a-request-that-does-not-fit", 1, "task-1", l06_plan(
+        "break                      # a waiting request that does not fit stops admission (FCFS)",
+        "continue                   # a waiting request that does not fit: try the next one"),
+        says="w1 may not pass w0 (FCFS)"),
+    # Right on every visible state: a preempted request whose chunk ends among its generated
+    # tokens is rare in random_state (3 in 5000); the hidden check builds such states.
+    Mistake("L06", "samples-once-the-prompt-is-done", 1, "task-1", l06_plan(
+        "plan.append((req.request_id, n, n == gap))",
+        "plan.append((req.request_id, n, req.num_computed_tokens + n >= req.num_prompt_tokens))"),
+        says="samples only once all", hidden_only=True),
+    Mistake("L06", "policy-returns-only-the-admitted", 2, "task-2", '''\
+@register(name="l06_chunk_plan")
+class ChunkPlanPolicy(Policy):
+    """Chunked-prefill scheduling whose step is decided by plan_step."""
+
+    def schedule_order(self, state: SchedulerState) -> list[Request]:
+        plan = plan_step(state.running, state.waiting, state.max_num_batched_tokens, state.max_num_seqs,
+                         state.kv.num_free_blocks, state.kv.block_size)
+        admitted = {rid for rid, _, _ in plan}
+        return [r for r in state.waiting if r.request_id in admitted]   # running ones run anyway
+''', says="schedule_order should return the planned requests"),
+    Mistake("L06", "keeps-the-default-budget", 3, "task-3", '''\
+def choose_config() -> dict:
+    """The engine limits for this workload and SLO."""
+    # Fewer sequences a step should keep TPOT down; keep vLLM's budget.
+    return {"max_num_batched_tokens": 8192, "max_num_seqs": 64}
+''', says="is below the pass mark"),
+]
+
+# -- L07 · preemption -------------------------------------------------------------------
+L07_VICTIM = '''\
+def pick_victim(running: list[Request], order: list[Request], pos: int, preempted: set[str],
+                scheduled: set[str]) -> Request | None:
+    """The running request to preempt so that order[pos] can get its blocks (None: nobody)."""
+    in_order = {r.request_id for r in order}
+    candidates = [r for r in reversed(running) if r.request_id not in in_order]
+    candidates += list(reversed(order[pos + 1:]))
+    for r in candidates:
+        if r.status is RequestStatus.RUNNING and r.request_id not in preempted and r.request_id not in scheduled:
+            return r
+    return None
+'''
+L07_PREEMPT = '''\
+def preempt_recompute(req: Request, running: list[Request], waiting: collections.deque, kv: KVCacheManager) -> int:
+    """Preempt ``req`` by recompute; return how many tokens of KV it lost."""
+    lost = req.num_computed_tokens
+    running.remove(req)
+    kv.free(req)
+    req.num_computed_tokens = 0
+    req.status = RequestStatus.WAITING
+    req.num_preemptions += 1
+    waiting.appendleft(req)
+    return lost
+'''
+
+
+def l07(src: str, old: str, new: str) -> str:
+    assert src.count(old) == 1, old
+    return src.replace(old, new)
+
+
+MISTAKES += [
+    Mistake("L07", "victim-from-the-front", 1, "task-1", l07(
+        L07_VICTIM, "list(reversed(order[pos + 1:]))", "list(order[pos + 1:])"),
+        says="continuous order: the last running request in the order"),
+    Mistake("L07", "takes-a-scheduled-request", 1, "task-1", l07(
+        L07_VICTIM, " and r.request_id not in scheduled", ""),
+        says="a is scheduled already this step: skip it"),
+    # Right on every hand-made state (none has a left-out request that was preempted already).
+    Mistake("L07", "left-out-requests-not-checked-against-preempted", 1, "task-1", l07(
+        L07_VICTIM, "    candidates = [r for r in reversed(running) if r.request_id not in in_order]\n",
+        "    for r in reversed(running):        # left out of the order: not scheduled, take it\n"
+        "        if r.request_id not in in_order and r.status is RequestStatus.RUNNING:\n"
+        "            return r\n    candidates = []\n"),
+        says="preempted ['", hidden_only=True),
+    Mistake("L07", "keeps-num_computed_tokens", 2, "task-2", l07(
+        L07_PREEMPT, "    req.num_computed_tokens = 0\n", ""),
+        says="num_computed_tokens 0, status WAITING, one more preemption"),
+    Mistake("L07", "blocks-not-freed", 2, "task-2", l07(L07_PREEMPT, "    kv.free(req)\n", ""),
+            says="all 4 of its blocks are free again"),
+    Mistake("L07", "back-of-the-queue", 2, "task-2", l07(L07_PREEMPT, "waiting.appendleft(req)", "waiting.append(req)"),
+            says="the victim goes to the front of the waiting queue"),
+    # Right wherever the victim is decoding (its KV then holds all its tokens but the last).
+    Mistake("L07", "lost-is-all-tokens-but-the-last", 2, "task-2", l07(
+        L07_PREEMPT, "    lost = req.num_computed_tokens\n", "    lost = req.num_tokens - 1               # the KV of every token but the new one\n"),
+        says="it lost its num_computed_tokens", hidden_only=True),
+    Mistake("L07", "reserves-max_tokens-for-everyone", 3, "task-3", '''\
+class MyPolicy(Policy):
+    """Your policy: the order in which running and waiting requests compete this step."""
+
+    name = "l07_mine"
+
+    def schedule_order(self, state: SchedulerState) -> list[Request]:
+        # Never preempt: admit a request only if the pool holds every running request at its
+        # max_tokens, and this one too (TensorRT-LLM's GUARANTEED_NO_EVICT).
+        kv = state.kv
+        full = lambda r: kv.blocks_for(r.num_prompt_tokens + r.sampling_params.max_tokens)
+        held = lambda r: kv.blocks_for(r.num_computed_tokens)
+        free = kv.num_free_blocks - sum(full(r) - held(r) for r in state.running)
+        order = list(state.running)
+        for req in state.waiting:
+            if full(req) > free:
+                break
+            free -= full(req)
+            order.append(req)
+        return order
+''', says="throughput must be >= 97% of the default's"),
+]
+
+# -- L08 · radix tree -------------------------------------------------------------------
+MISTAKES += [
+    Mistake("L08", "match-counts-whole-edges-only", 1, "task-1-2-3", with_method("L08", "task-1-2-3", '''\
+        def match_prefix(self, tokens) -> int:
+            t = self.tick()
+            node, i = self.root, 0
+            while i < len(tokens):
+                child = node.children.get(tokens[i])
+                if child is None:
+                    break
+                child.last_access = t
+                n = common_prefix_len(child.key, tokens[i:])
+                if n < len(child.key):
+                    break                        # a partly matched edge holds no cached prefix
+                i += n
+                node = child
+            return i
+        '''), says="the match may end inside an edge"),
+    # Wrong only where a child of the partly matched edge starts with the next token.
+    Mistake("L08", "match-goes-on-after-a-partial-edge", 1, "task-1-2-3", with_method("L08", "task-1-2-3", '''\
+        def match_prefix(self, tokens) -> int:
+            t = self.tick()
+            node, i = self.root, 0
+            while i < len(tokens):
+                child = node.children.get(tokens[i])
+                if child is None:
+                    break
+                child.last_access = t
+                i += common_prefix_len(child.key, tokens[i:])
+                node = child
+            return i
+        '''), says="then stop: the child '3' comes after the whole edge '1 2'"),
+    Mistake("L08", "insert-without-a-split", 2, "task-1-2-3", with_method("L08", "task-1-2-3", '''\
+        def insert(self, tokens) -> int:
+            t = self.tick()
+            tokens = tuple(tokens)
+            node, i = self.root, 0
+            while i < len(tokens):
+                child = node.children.get(tokens[i])
+                if child is None:
+                    break
+                child.last_access = t
+                n = common_prefix_len(child.key, tokens[i:])
+                if n < len(child.key):
+                    break                        # leaves the edge: hang the rest next to it
+                i += n
+                node = child
+            if i < len(tokens):
+                leaf = Node(tokens[i:], node)
+                leaf.last_access = t
+                node.children[tokens[i]] = leaf
+            return len(tokens) - i
+        '''), says="only 5 is new"),
+    Mistake("L08", "evicts-any-node", 3, "task-1-2-3", with_method("L08", "task-1-2-3", '''\
+        def evict(self, num_tokens: int) -> int:
+            freed = 0
+            while freed < num_tokens:
+                nodes = self.nodes()
+                if not nodes:
+                    break
+                node = min(nodes, key=lambda n: (n.last_access, self.path(n)))   # inner nodes too
+                del node.parent.children[node.key[0]]
+                freed += len(node.key)
+            return freed
+        '''), says="everything: '3 4' then '1 2'"),
+    # Right on the hand-made tie (edge keys order those leaves as their paths do), and on any tree
+    # that inserts and matches build (leaves touched by the same call are siblings).
+    Mistake("L08", "ties-broken-by-edge-not-path", 3, "task-1-2-3", with_method("L08", "task-1-2-3", '''\
+        def evict(self, num_tokens: int) -> int:
+            freed = 0
+            while freed < num_tokens:
+                leaves = self.leaves()
+                if not leaves:
+                    break
+                leaf = min(leaves, key=lambda n: (n.last_access, n.key))
+                del leaf.parent.children[leaf.key[0]]
+                freed += len(leaf.key)
+            return freed
+        '''), says="ties to the smallest path", hidden_only=True),
+    Mistake("L08", "pure-lpm-by-hand", 4, "task-4", '''\
+class MyCachePolicy(Policy):
+    """Your cache-aware order with a guard against starving cache-cold requests."""
+
+    name = "l08_mine"
+
+    def schedule_order(self, state: SchedulerState) -> list[Request]:
+        # Longest cached prefix first, oldest first among equals: the hit rate is what counts.
+        kv = state.kv
+        return list(state.running) + sorted(state.waiting, key=lambda r: (-kv.cached_prefix_len(r), r.arrival_time))
+''', says="(starvation)"),
+    Mistake("L08", "delegates-to-LPMPolicy", 4, "task-4", '''\
+class MyCachePolicy(Policy):
+    """Your cache-aware order with a guard against starving cache-cold requests."""
+
+    name = "l08_mine"
+
+    def __init__(self):
+        self.lpm = LPMPolicy(aging_tokens_per_s=300.0)      # the engine's own, with aging
+
+    def schedule_order(self, state: SchedulerState) -> list[Request]:
+        return self.lpm.schedule_order(state)
+''', says="do not call LPMPolicy"),
+]
+
+
+def test_the_cases_start_from_the_reference_solutions():
+    """The mistakes above edit copies of the reference solutions: those copies are the key's."""
+    assert L06_PLAN.rstrip() == reference("L06", "task-1").rstrip()
+    assert L07_VICTIM.rstrip() == reference("L07", "task-1").rstrip()
+    assert L07_PREEMPT.rstrip() == reference("L07", "task-2").rstrip()
+
+
+def test_each_lab_has_mistakes_and_one_only_hidden_checks_catch():
+    for lab in ("L06", "L07", "L08"):
+        cases = [c for c in MISTAKES if c.lab == lab]
+        assert len(cases) >= 2 and any(c.hidden_only for c in cases), lab
+    assert len({str(c) for c in MISTAKES}) == len(MISTAKES)
+
+
+def _learner(case: Mistake, tmp_path):
+    """The lab's learner notebook with every task cell solved (the key's), except the mistaken one."""
+    lab = find_lab(case.lab)
+    solved = {c.id: c.source for c in _key(case.lab).cells if c.cell_type == "code" and _numbers(_tags(c), "task")}
+    assert case.cell in solved, f"{case.lab} has no task cell {case.cell}"
+    solved[case.cell] = case.source
+    nb = nbformat.read(str(lab.notebook_path), as_version=4)
+    for cell in nb.cells:
+        if cell.get("id") in solved:
+            cell.source = solved[cell.id]
+    path = tmp_path / f"{lab.name}.ipynb"
+    nbformat.write(nb, str(path))
+    return lab, path
+
+
+@pytest.mark.parametrize("case", MISTAKES, ids=str)
+def test_the_grader_rejects_the_mistake(case: Mistake, kernel, tmp_path):
+    lab, path = _learner(case, tmp_path)
+    report = grade(lab, path, km=kernel)
+    text = report.format()
+    print(text)
+    tasks = {t.task: t for t in report.tasks}
+    wrong = tasks[case.task]
+    assert not wrong.passed, f"{case}: the grader accepts the mistake\n{text}"
+    assert any(case.says in f for f in wrong.failures), f"{case}: no failure says {case.says!r}\n{text}"
+
+    hidden = {c.get("id") for c in _key(case.lab).cells if "hidden" in _tags(c)}
+    checks = [c for c in report.cells if c.role == "check" and c.tasks == [case.task]]
+    if case.hidden_only:
+        shown = [c for c in checks if c.cell_id not in hidden]
+        assert shown and all(c.ok for c in shown), \
+            f"{case}: meant to be right on the visible checks\n{text}"
+        assert any(not c.ok for c in checks if c.cell_id in hidden), text
+
+    later = dependents(case.lab, case.task)
+    for t, res in tasks.items():
+        if t == case.task:
+            continue
+        if t in later:          # its checks need the mistaken task: they must not pass
+            assert not res.passed, f"{case}: task {t} needs task {case.task} but passes\n{text}"
+        else:
+            assert res.passed, f"{case}: task {t} does not depend on task {case.task} but fails\n{text}"
