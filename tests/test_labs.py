@@ -333,3 +333,11 @@ def test_hidden_checks_are_graded_but_not_shown(mini, kernel, tmp_path):
     report = grade(mini, path, km=kernel)
     t1 = report.tasks[0]
     assert not t1.passed and any("should be" in f for f in t1.failures), report.format()
+
+
+def test_a_multi_line_assertion_message_reaches_the_learner_whole(mini, kernel, tmp_path):
+    bad = ("def double(x):\n"
+           "    assert False, 'double is wrong:\\nexpected 42\\ngot 41'\n")
+    report = grade(mini, _edit(mini, tmp_path, **{"task-1": bad}), km=kernel)
+    failing = [c for c in report.cells if c.role == "check" and 1 in c.tasks and not c.ok]
+    assert failing and "expected 42" in failing[0].evalue and "got 41" in failing[0].evalue, report.format()

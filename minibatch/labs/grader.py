@@ -248,6 +248,15 @@ def grade(lab: Lab, notebook: str | Path, timeout: int = 300, key_path: str | Pa
     return _report(lab, key, nb, str(notebook), notes, aborted, timeout)
 
 
+def _message(text: str, max_lines: int = 12) -> str:
+    """An error's message as the learner should read it: a multi-line assertion message (what
+    was expected, then yours) is kept whole up to ``max_lines`` lines, continuation lines indented."""
+    lines = [ln.rstrip() for ln in text.strip().splitlines()]
+    if len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"... ({len(lines) - max_lines} more lines)"]
+    return "\n      ".join(lines)
+
+
 def _report(lab: Lab, key, ran, notebook: str, notes: list[str], aborted, timeout: int) -> GradeReport:
     cells: list[CellResult] = []
     for i, (kc, rc) in enumerate(zip(key.cells, ran.cells)):
@@ -260,7 +269,7 @@ def _report(lab: Lab, key, ran, notebook: str, notes: list[str], aborted, timeou
         err = _error_of(rc.outputs)
         if err is not None:
             res.status, res.ename = "error", err.ename
-            res.evalue = sanitize(err.evalue).splitlines()[0] if err.evalue.strip() else ""
+            res.evalue = _message(sanitize(err.evalue))
             res.where = _raising_line(err.get("traceback", []))
             if err.ename == "KeyboardInterrupt":           # nbclient interrupted a cell past the timeout
                 res.ename, res.evalue = "TimeoutError", f"the cell ran longer than {timeout} s and was interrupted"
