@@ -238,22 +238,39 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
                     r.removed_at = max(now, r.clock.now())
         scale_events.append((now, new))
 
+    mig = None
+    if migration:
+        from minibatch.cluster.migration import Migration, Migrator
+        mig = Migrator(migration if isinstance(migration, Migration) else Migration(), t_first)
+
+    inf = float("inf")
     pending = deque(specs)
     while True:
         nxt = min(reps, key=lambda r: r.next_event_time())
         t_rep = nxt.next_event_time()
-        # The autoscaler ticks while something is still due (an arrival or a step); once nothing
-        # is, its decisions could not make a stuck replica progress.
-        t_tick = next_tick if pending or t_rep < float("inf") else float("inf")
-        if pending and pending[0].arrival_time <= t_rep + _EPS and pending[0].arrival_time <= t_tick + _EPS:
+        t_move = mig.next_event() if mig is not None else inf
+        # The periodic decisions run while something is still due (an arrival, a step, a move's
+        # stage); once nothing is, they could not make a stuck replica progress.
+        due = bool(pending) or t_rep < inf or t_move < inf
+        t_tick = next_tick if due else inf
+        t_mtick = mig.next_tick if mig is not None and due else inf
+        t_next = min(t_rep, t_tick, t_move, t_mtick)
+        if pending and pending[0].arrival_time <= t_next + _EPS:
             spec = pending.popleft()
             route(spec, spec.arrival_time)
             continue
-        if t_tick <= t_rep and t_tick < float("inf"):
+        if t_tick <= t_next and t_tick < inf:
             tick(t_tick)
             next_tick += scaler.interval_s
             continue
-        if t_rep == float("inf"):
+        if t_move <= t_next and t_move < inf:
+            mig.fire(t_move)
+            continue
+        if t_mtick <= t_next and t_mtick < inf:
+            mig.tick(t_mtick, reps)
+            mig.next_tick += mig.cfg.interval_s
+            continue
+        if t_rep == inf:
             stuck = [r for r in reps if r.engine.has_unfinished_requests()]
             if stuck:
                 r = stuck[0]
@@ -262,7 +279,8 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
                                    "waiting requests forever")
             break
         step = nxt.step()
-        if nxt.draining and nxt.removed_at is None and not nxt.engine.has_unfinished_requests():
+        if (nxt.draining and nxt.removed_at is None and not nxt.engine.has_unfinished_requests()
+                and (mig is None or not mig.busy(nxt))):
             nxt.removed_at = nxt.clock.now()     # drained: it leaves when its last step ends
         if step is not None and on_step is not None:
             on_step(nxt.index, nxt.engine, step)
@@ -273,6 +291,8 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         if rep is None:
             rec = unserved[rid]
         else:
+            if mig is not None:
+                rep = mig.moved_to.get(rid, rep)      # where it finished
             rec = RequestRecord.of(rep.engine.requests[rid], keep_tokens=keep_tokens)
             rec.replica = rep.index
             rec.model = specs[i].model
@@ -282,6 +302,11 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
     results = [RunResult(per_replica[r.index], list(r.engine.steps), r.engine.config.to_dict(), [],
                          r.engine.kv.num_blocks, wall, extra={"model": r.model}) for r in reps]
     extra: dict = {}
+    if mig is not None:
+        extra["migrations"] = mig.migrations
+        extra["kv_transfer_bytes"] = mig.kv_transfer_bytes
+        extra["migration_log"] = mig.log
+        extra["migrations_abandoned"] = mig.abandoned
     if scaler is not None:
         extra["scale_events"] = scale_events
         extra["lifetimes"] = [(r.started_at, r.removed_at) for r in reps]   # (start, removal or None)
