@@ -103,7 +103,9 @@ class Migrator:
 
     def __init__(self, cfg: Migration, t_start: float):
         self.cfg = cfg
-        self.next_tick = t_start + cfg.interval_s
+        self.t_start = t_start
+        self.ticks = 1
+        self.next_tick = t_start + cfg.interval_s    # decisions at t_start + k * interval_s
         self.moves: list[Move] = []
         self.migrations = 0          # moves completed
         self.abandoned = 0
@@ -123,6 +125,8 @@ class Migrator:
 
     # -- a decision ----------------------------------------------------------------
     def tick(self, now: float, reps) -> None:
+        self.ticks += 1
+        self.next_tick = self.t_start + self.ticks * self.cfg.interval_s
         serving = [r for r in reps if r.serving(now) and not self.busy(r)]
         if len(serving) < 2:
             return

@@ -67,7 +67,7 @@ class ClusterResult:
         """
         out = summarize(self.requests, self.steps, slo, trim)
         out["replicas"] = len(self.replicas)
-        out["routed"] = [len(r.requests) for r in self.replicas]
+        out["routed"] = list(self.extra.get("routed", [len(r.requests) for r in self.replicas]))
         starts = [r.arrival_time for r in self.requests]
         ends = [s.start_time + s.duration for s in self.steps] + \
                [r.finish_time for r in self.requests if r.finish_time is not None]
@@ -205,6 +205,7 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
     for r in reps:
         r.started_at = r.ready_at = t_first
     scale_events: list[tuple[float, int]] = []
+    ticks = 1          # the autoscaler decides at t_first + k * interval_s, k = 1, 2, ... (no drift)
     next_tick = t_first + scaler.interval_s if scaler is not None else float("inf")
 
     def tick(now: float) -> None:
@@ -261,14 +262,14 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
             continue
         if t_tick <= t_next and t_tick < inf:
             tick(t_tick)
-            next_tick += scaler.interval_s
+            ticks += 1
+            next_tick = t_first + ticks * scaler.interval_s
             continue
         if t_move <= t_next and t_move < inf:
             mig.fire(t_move)
             continue
         if t_mtick <= t_next and t_mtick < inf:
             mig.tick(t_mtick, reps)
-            mig.next_tick += mig.cfg.interval_s
             continue
         if t_rep == inf:
             stuck = [r for r in reps if r.engine.has_unfinished_requests()]
@@ -301,7 +302,7 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
     wall = time.perf_counter() - wall0
     results = [RunResult(per_replica[r.index], list(r.engine.steps), r.engine.config.to_dict(), [],
                          r.engine.kv.num_blocks, wall, extra={"model": r.model}) for r in reps]
-    extra: dict = {}
+    extra: dict = {"routed": [len(r.ids) for r in reps]}   # where each request was routed (before moves)
     if mig is not None:
         extra["migrations"] = mig.migrations
         extra["kv_transfer_bytes"] = mig.kv_transfer_bytes
