@@ -208,6 +208,13 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
     ticks = 1          # the autoscaler decides at t_first + k * interval_s, k = 1, 2, ... (no drift)
     next_tick = t_first + scaler.interval_s if scaler is not None else float("inf")
 
+    def sweep(now: float) -> None:
+        """A draining replica with nothing left (no request, no move in flight) leaves."""
+        for r in reps:
+            if (r.draining and r.removed_at is None and not r.engine.has_unfinished_requests()
+                    and (mig is None or not mig.busy(r))):
+                r.removed_at = max(now, r.clock.now())
+
     def tick(now: float) -> None:
         """One autoscaler decision at ``now`` (Ray Serve's control loop)."""
         live = [r for r in reps if r.removed_at is None and not r.draining]
@@ -235,8 +242,7 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
             order_ = sorted(ready, key=lambda r: (r.view(now).num_requests, -r.index))
             for r in order_[:n]:
                 r.draining, r.drain_at = True, now
-                if not r.engine.has_unfinished_requests():
-                    r.removed_at = max(now, r.clock.now())
+        sweep(now)
         scale_events.append((now, new))
 
     mig = None
@@ -267,6 +273,8 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
             continue
         if t_move <= t_next and t_move < inf:
             mig.fire(t_move)
+            if scaler is not None:
+                sweep(t_move)
             continue
         if t_mtick <= t_next and t_mtick < inf:
             mig.tick(t_mtick, reps)
@@ -280,9 +288,8 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
                                    "waiting requests forever")
             break
         step = nxt.step()
-        if (nxt.draining and nxt.removed_at is None and not nxt.engine.has_unfinished_requests()
-                and (mig is None or not mig.busy(nxt))):
-            nxt.removed_at = nxt.clock.now()     # drained: it leaves when its last step ends
+        if nxt.draining:
+            sweep(nxt.clock.now())               # drained: it leaves when its last step ends
         if step is not None and on_step is not None:
             on_step(nxt.index, nxt.engine, step)
 
