@@ -2,8 +2,10 @@
 
 Ray Serve's request-based autoscaling, with its names and its rule. Sources:
 
-* ``ray-project/ray``, ``python/ray/serve/config.py``, ``AutoscalingConfig`` (the fields and
-  defaults, as documented for Ray 2.36+ at docs.ray.io ``ray.serve.config.AutoscalingConfig``):
+* ``ray-project/ray``, ``python/ray/serve/config.py``, ``AutoscalingConfig`` (Ray 2.x after the
+  2.32.0 rename to ``target_ongoing_requests``; the same defaults in the API page
+  docs.ray.io/en/latest/serve/api/doc/ray.serve.config.AutoscalingConfig.html; no single
+  release tag was pinned here):
   ``min_replicas=1``, ``initial_replicas=None`` (then ``min_replicas``), ``max_replicas=1``,
   ``target_ongoing_requests=2`` (was 1.0 before Ray 2.32.0), ``metrics_interval_s=10.0``,
   ``look_back_period_s=30.0``, ``upscale_delay_s=30.0``, ``downscale_delay_s=600.0``,
