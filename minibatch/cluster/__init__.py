@@ -9,7 +9,10 @@
 ``run(workload, replicas=4, router="prefix_aware", executor="sim", model="llama-3-8b",
 hardware="a100-80g", **engine_kwargs) -> ClusterResult``; ``ClusterResult.summary()`` has
 ``RunResult.summary()``'s keys over all requests plus ``replicas``, ``routed``,
-``replica_seconds`` ...; ``ClusterResult.requests`` holds every record (each with
+``replica_seconds``, ``scale_events`` ...; ``autoscaler=Autoscaler(...)`` adds and drains
+replicas with Ray Serve's rule (``minibatch.cluster.autoscaler``); ``migration=True`` (or
+``Migration(...)``) moves running requests with their KV blocks from loaded to light replicas
+(Llumnix-style, ``minibatch.cluster.migration``); ``ClusterResult.requests`` holds every record (each with
 ``.replica``), ``ClusterResult.replicas`` one ``RunResult`` per replica. How the event loop
 keeps N replicas' time apart: ``minibatch.cluster.runner``; the routers and where each
 rule comes from: ``minibatch.cluster.routers``.
@@ -31,8 +34,10 @@ list of views::
 """
 
 from minibatch.cluster import routers
+from minibatch.cluster.autoscaler import Autoscaler
+from minibatch.cluster.migration import Migration
 from minibatch.cluster.replica import Replica, ReplicaView
 from minibatch.cluster.routers import Router, available, register
 from minibatch.cluster.runner import ClusterResult, run
 
-__all__ = ["ClusterResult", "Replica", "ReplicaView", "Router", "available", "register", "routers", "run"]
+__all__ = ["Autoscaler", "ClusterResult", "Migration", "Replica", "ReplicaView", "Router", "available", "register", "routers", "run"]

@@ -72,6 +72,17 @@ class Replica:
         self.blocked_until: float | None = None  # the policy holds its queue until then (inf: an arrival)
         self._started: _Load | None = None  # load when the in-flight step started
         self._added = _Load(0, 0, 0, 0, 0)  # requests routed here since then
+        # Life in an autoscaled cluster (virtual times): provisioned at started_at, serving from
+        # ready_at (after its cold start), draining (no new requests) and then removed.
+        self.started_at: float = 0.0
+        self.ready_at: float = 0.0
+        self.draining = False
+        self.drain_at: float | None = None
+        self.removed_at: float | None = None
+
+    def serving(self, now: float) -> bool:
+        """May a router send a request here at ``now``? (ready, not draining, not removed)"""
+        return self.removed_at is None and not self.draining and self.ready_at <= now + 1e-12
 
     # -- time ----------------------------------------------------------------------
     @property

@@ -58,22 +58,32 @@ class ClusterResult:
         ``replicas`` (how many), ``routed`` (requests routed to each replica; a request no
         replica serves counts in none), ``replica_seconds`` (replicas x the run's span, first
         arrival to the last step's end: what N provisioned machines cost), ``busy_replica_seconds``
-        (time the replicas spent in steps), and ``migrations``, ``kv_transfer_bytes`` and
-        ``scale_events``, which stay 0 / 0 / [] here: these runs have no migration, no
-        disaggregation and no autoscaler.
+        (time the replicas spent in steps), ``migrations`` (requests moved, see
+        ``minibatch.cluster.migration``), ``kv_transfer_bytes`` (KV bytes those moves copied) and
+        ``scale_events`` (``(time, replicas)`` after each change of the autoscaler's target:
+        replicas provisioned and not draining). With an autoscaler ``replica_seconds`` counts
+        each replica from its start (its cold start included) to its removal (the end of its
+        drain), or to the run's end.
         """
         out = summarize(self.requests, self.steps, slo, trim)
         out["replicas"] = len(self.replicas)
-        out["routed"] = [len(r.requests) for r in self.replicas]
+        out["routed"] = list(self.extra.get("routed", [len(r.requests) for r in self.replicas]))
         starts = [r.arrival_time for r in self.requests]
         ends = [s.start_time + s.duration for s in self.steps] + \
                [r.finish_time for r in self.requests if r.finish_time is not None]
         span = (max(ends) - min(starts)) if starts and ends else 0.0
-        out["replica_seconds"] = len(self.replicas) * span
+        lifetimes = self.extra.get("lifetimes")
+        if lifetimes is None:
+            out["replica_seconds"] = len(self.replicas) * span
+        else:
+            # Autoscaled: each replica from its start (cold start included) to its removal,
+            # or to the run's end if it was never removed.
+            t_end = max([min(starts) + span] + [a for a, _ in lifetimes]) if starts else 0.0
+            out["replica_seconds"] = float(sum((t_end if b is None else b) - a for a, b in lifetimes))
         out["busy_replica_seconds"] = float(sum(s.duration for s in self.steps))
-        out["migrations"] = 0
-        out["kv_transfer_bytes"] = 0
-        out["scale_events"] = []
+        out["migrations"] = int(self.extra.get("migrations", 0))
+        out["kv_transfer_bytes"] = int(self.extra.get("kv_transfer_bytes", 0))
+        out["scale_events"] = list(self.extra.get("scale_events", []))
         return out
 
 
@@ -94,7 +104,8 @@ def _replica_models(replicas: int, model, models) -> list[str]:
 def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim", model: str = "tiny",
         hardware: str | None = None, *, models=None, router_kwargs: dict | None = None,
         engines: list[LLMEngine] | None = None, keep_tokens: bool | None = None,
-        on_step: Callable | None = None, clock: str = "virtual", **engine_kwargs) -> ClusterResult:
+        on_step: Callable | None = None, clock: str = "virtual", autoscaler=None,
+        migration=None, **engine_kwargs) -> ClusterResult:
     """Replay ``workload`` on ``replicas`` engines behind ``router``; return a :class:`ClusterResult`.
 
     ``router`` is a registered name (``minibatch.cluster.routers.available()``), a
@@ -107,16 +118,33 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
     their ``config.model`` names what they serve). ``on_step(replica_index, engine, step)`` is
     called after every step that ran. ``clock`` must be ``"virtual"``: the replicas' time is
     the event loop's (a wall-clock cluster is the HTTP router's job).
+
+    ``autoscaler`` (a :class:`~minibatch.cluster.autoscaler.Autoscaler`) starts the cluster
+    with its ``initial_replicas`` (else ``min_replicas``; ``replicas`` is then ignored) and,
+    every ``interval_s`` of virtual time, adds replicas (serving after ``cold_start_s``) or
+    drains them, with Ray Serve's rule; it needs one model and no ``engines=``.
+    ``migration`` (``True`` or a :class:`~minibatch.cluster.migration.Migration`) moves running
+    requests with their KV blocks from loaded to light replicas (Llumnix).
     """
     if clock != "virtual":
         raise ValueError(f"minibatch.cluster.run replays under the virtual clock only, got clock={clock!r}")
     wall0 = time.perf_counter()
+    scaler = autoscaler
+    if scaler is not None:
+        if engines is not None or models is not None:
+            raise ValueError("autoscaler= builds its replicas itself: pass model=, not engines= or models=")
+        scaler.reset()
+        replicas = scaler.start_replicas
+
+    def make_engine(name: str) -> LLMEngine:
+        cfg = EngineConfig.from_kwargs(executor=executor, model=name, hardware=hardware, **engine_kwargs)
+        return LLMEngine(cfg, clock="virtual")
+
     if engines is None:
         names = _replica_models(replicas, model, models)
         engines = []
         for name in names:
-            cfg = EngineConfig.from_kwargs(executor=executor, model=name, hardware=hardware, **engine_kwargs)
-            engines.append(LLMEngine(cfg, clock="virtual"))
+            engines.append(make_engine(name))
     else:
         names = [e.config.model for e in engines] if models is None else _replica_models(len(engines), model, models)
     if not engines:
@@ -144,6 +172,8 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
     def route(spec, now: float) -> None:
         rid = spec.request_id if spec.request_id is not None else f"r{len(order)}"
         candidates = reps if spec.model is None else by_model.get(spec.model, [])
+        if scaler is not None:
+            candidates = [r for r in candidates if r.serving(now)]
         if not candidates:
             served = sorted(by_model)
             unserved[rid] = RequestRecord(
@@ -171,15 +201,85 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         rep.admitted(rid, len(prompt), now, queued)
         order.append((rid, rep))
 
+    t_first = specs[0].arrival_time if specs else 0.0
+    for r in reps:
+        r.started_at = r.ready_at = t_first
+    scale_events: list[tuple[float, int]] = []
+    ticks = 1          # the autoscaler decides at t_first + k * interval_s, k = 1, 2, ... (no drift)
+    next_tick = t_first + scaler.interval_s if scaler is not None else float("inf")
+
+    def sweep(now: float) -> None:
+        """A draining replica with nothing left (no request, no move in flight) leaves."""
+        for r in reps:
+            if (r.draining and r.removed_at is None and not r.engine.has_unfinished_requests()
+                    and (mig is None or not mig.busy(r))):
+                r.removed_at = max(now, r.clock.now())
+
+    def tick(now: float) -> None:
+        """One autoscaler decision at ``now`` (Ray Serve's control loop)."""
+        live = [r for r in reps if r.removed_at is None and not r.draining]
+        ready = [r for r in live if r.ready_at <= now + _EPS]
+        for r in ready:
+            scaler.record(r.index, now, scaler.value(r.view(now)))
+        total = sum(scaler.average(r.index) for r in ready)
+        target = len(live)
+        new = scaler.decide(target, total)
+        if new == target:
+            return
+        if new > target:
+            for _ in range(new - target):
+                rep = Replica(len(reps), make_engine(names[0]), names[0])
+                rep.started_at, rep.ready_at = now, now + scaler.cold_start_s
+                rep.engine.clock.advance_to(rep.ready_at)
+                reps.append(rep)
+                by_model.setdefault(rep.model, []).append(rep)
+        else:
+            n = target - new
+            starting = sorted((r for r in live if r.ready_at > now + _EPS), key=lambda r: -r.index)
+            for r in starting[:n]:
+                r.removed_at = now            # never served: stop it
+            n -= min(n, len(starting))
+            order_ = sorted(ready, key=lambda r: (r.view(now).num_requests, -r.index))
+            for r in order_[:n]:
+                r.draining, r.drain_at = True, now
+        sweep(now)
+        scale_events.append((now, new))
+
+    mig = None
+    if migration:
+        from minibatch.cluster.migration import Migration, Migrator
+        mig = Migrator(migration if isinstance(migration, Migration) else Migration(), t_first)
+
+    inf = float("inf")
     pending = deque(specs)
     while True:
         nxt = min(reps, key=lambda r: r.next_event_time())
         t_rep = nxt.next_event_time()
-        if pending and pending[0].arrival_time <= t_rep + _EPS:
+        t_move = mig.next_event() if mig is not None else inf
+        # The periodic decisions run while something is still due (an arrival, a step, a move's
+        # stage); once nothing is, they could not make a stuck replica progress.
+        due = bool(pending) or t_rep < inf or t_move < inf
+        t_tick = next_tick if due else inf
+        t_mtick = mig.next_tick if mig is not None and due else inf
+        t_next = min(t_rep, t_tick, t_move, t_mtick)
+        if pending and pending[0].arrival_time <= t_next + _EPS:
             spec = pending.popleft()
             route(spec, spec.arrival_time)
             continue
-        if t_rep == float("inf"):
+        if t_tick <= t_next and t_tick < inf:
+            tick(t_tick)
+            ticks += 1
+            next_tick = t_first + ticks * scaler.interval_s
+            continue
+        if t_move <= t_next and t_move < inf:
+            mig.fire(t_move)
+            if scaler is not None:
+                sweep(t_move)
+            continue
+        if t_mtick <= t_next and t_mtick < inf:
+            mig.tick(t_mtick, reps)
+            continue
+        if t_rep == inf:
             stuck = [r for r in reps if r.engine.has_unfinished_requests()]
             if stuck:
                 r = stuck[0]
@@ -188,6 +288,8 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
                                    "waiting requests forever")
             break
         step = nxt.step()
+        if nxt.draining:
+            sweep(nxt.clock.now())               # drained: it leaves when its last step ends
         if step is not None and on_step is not None:
             on_step(nxt.index, nxt.engine, step)
 
@@ -197,6 +299,8 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         if rep is None:
             rec = unserved[rid]
         else:
+            if mig is not None:
+                rep = mig.moved_to.get(rid, rep)      # where it finished
             rec = RequestRecord.of(rep.engine.requests[rid], keep_tokens=keep_tokens)
             rec.replica = rep.index
             rec.model = specs[i].model
@@ -205,4 +309,15 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
     wall = time.perf_counter() - wall0
     results = [RunResult(per_replica[r.index], list(r.engine.steps), r.engine.config.to_dict(), [],
                          r.engine.kv.num_blocks, wall, extra={"model": r.model}) for r in reps]
-    return ClusterResult(records, results, rt.name, [r.model for r in reps], wall)
+    extra: dict = {"routed": [len(r.ids) for r in reps]}   # where each request was routed (before moves)
+    if mig is not None:
+        extra["migrations"] = mig.migrations
+        extra["kv_transfer_bytes"] = mig.kv_transfer_bytes
+        extra["migration_log"] = mig.log
+        extra["migrations_abandoned"] = mig.abandoned
+    if scaler is not None:
+        extra["scale_events"] = scale_events
+        extra["lifetimes"] = [(r.started_at, r.removed_at) for r in reps]   # (start, removal or None)
+        extra["ready_at"] = [r.ready_at for r in reps]
+        extra["drain_at"] = [r.drain_at for r in reps]
+    return ClusterResult(records, results, rt.name, [r.model for r in reps], wall, extra=extra)

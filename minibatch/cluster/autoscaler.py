@@ -1,0 +1,132 @@
+"""The autoscaler: every ``interval_s`` of virtual time, decide how many replicas the cluster needs.
+
+Ray Serve's request-based autoscaling, with its names and its rule. Sources:
+
+* ``ray-project/ray``, ``python/ray/serve/config.py``, ``AutoscalingConfig`` (Ray 2.x after the
+  2.32.0 rename to ``target_ongoing_requests``; the same defaults in the API page
+  docs.ray.io/en/latest/serve/api/doc/ray.serve.config.AutoscalingConfig.html; no single
+  release tag was pinned here):
+  ``min_replicas=1``, ``initial_replicas=None`` (then ``min_replicas``), ``max_replicas=1``,
+  ``target_ongoing_requests=2`` (was 1.0 before Ray 2.32.0), ``metrics_interval_s=10.0``,
+  ``look_back_period_s=30.0``, ``upscale_delay_s=30.0``, ``downscale_delay_s=600.0``,
+  ``upscaling_factor = downscaling_factor = smoothing_factor = 1.0``.
+* ``python/ray/serve/_private/autoscaling_policy.py``, ``replica_queue_length_autoscaling_policy``
+  and ``_calculate_desired_num_replicas``: with the factors at 1, ``desired =
+  ceil(total ongoing requests / target_ongoing_requests)`` (the per-replica averages over
+  ``look_back_period_s``, summed over the running replicas), clamped to
+  ``[min_replicas, max_replicas]``. A change needs that decision on consecutive control-loop
+  periods: a ``decision_counter`` counts up while ``desired > current target`` (reset when the
+  direction flips or ``desired`` equals the target) and the target moves to ``desired`` once
+  ``counter > int(upscale_delay_s / CONTROL_LOOP_INTERVAL_S)``; the same downwards with
+  ``downscale_delay_s``. ``python/ray/serve/_private/constants.py``:
+  ``CONTROL_LOOP_INTERVAL_S = 0.1`` (this module's ``interval_s``).
+
+So a load that stays above target from the decision at ``t0`` on scales up at exactly
+``t0 + upscale_delay_s`` (when the delay is a multiple of ``interval_s``).
+
+What minibatch adds (not Ray Serve's): ``metric="queue"`` (waiting requests per replica) and
+``metric="kv_usage"`` (the fraction of a replica's KV blocks in use; ``target_ongoing_requests``
+is then the target fraction, e.g. 0.7) in place of ongoing requests, through the same rule;
+``cold_start_s``, the virtual time a new replica takes before it serves (loading weights):
+routers do not see it before. Scaling down removes replicas that are still starting first
+(newest first, as Ray Serve stops starting replicas before running ones), then drains running
+ones (fewest ongoing requests first): a draining replica gets no new request, finishes what it
+holds and then leaves, so no request is ever lost. Metrics are sampled once per
+``interval_s`` from what a router would see (``ReplicaView``) and averaged over the samples
+of the last ``look_back_period_s``. Scale to zero (``min_replicas=0``) is not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+METRICS = ("ongoing_requests", "queue", "kv_usage")
+
+
+@dataclass
+class Autoscaler:
+    min_replicas: int = 1
+    max_replicas: int = 1
+    target_ongoing_requests: float = 2.0
+    upscale_delay_s: float = 30.0
+    downscale_delay_s: float = 600.0
+    look_back_period_s: float = 30.0
+    cold_start_s: float = 0.0
+    metric: str = "ongoing_requests"
+    interval_s: float = 0.1
+    initial_replicas: int | None = None
+    # state (one run)
+    decision_counter: int = field(default=0, init=False, repr=False)
+    _samples: dict = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self):
+        if self.metric not in METRICS:
+            raise ValueError(f"unknown autoscaler metric {self.metric!r}; expected one of {METRICS}")
+        if self.min_replicas < 1:
+            raise ValueError("min_replicas must be >= 1 (scale to zero is not modelled)")
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})")
+        if self.target_ongoing_requests <= 0 or self.interval_s <= 0 or self.look_back_period_s <= 0:
+            raise ValueError("target_ongoing_requests, interval_s and look_back_period_s must be > 0")
+        if min(self.upscale_delay_s, self.downscale_delay_s, self.cold_start_s) < 0:
+            raise ValueError("upscale_delay_s, downscale_delay_s and cold_start_s must be >= 0")
+        if self.initial_replicas is not None and not self.min_replicas <= self.initial_replicas <= self.max_replicas:
+            raise ValueError("initial_replicas must lie in [min_replicas, max_replicas]")
+
+    @property
+    def start_replicas(self) -> int:
+        """Replicas at the start (Ray Serve: ``initial_replicas``, else ``min_replicas``)."""
+        return self.min_replicas if self.initial_replicas is None else self.initial_replicas
+
+    def reset(self) -> None:
+        self.decision_counter = 0
+        self._samples = {}
+
+    def value(self, view) -> float:
+        """The metric of one replica, as a router sees it (a ``ReplicaView``)."""
+        if self.metric == "ongoing_requests":
+            return float(view.num_requests)
+        if self.metric == "queue":
+            return float(view.num_waiting)
+        return view.kv_usage
+
+    def record(self, key, now: float, value: float) -> None:
+        """One sample of replica ``key``'s metric at ``now``."""
+        q = self._samples.setdefault(key, deque())
+        q.append((now, value))
+        while q and q[0][0] <= now - self.look_back_period_s:
+            q.popleft()
+
+    def average(self, key) -> float:
+        q = self._samples.get(key)
+        return sum(v for _, v in q) / len(q) if q else 0.0
+
+    def desired(self, total: float) -> int:
+        """``ceil(total / target)`` clamped to ``[min_replicas, max_replicas]``."""
+        want = math.ceil(total / self.target_ongoing_requests - 1e-9)
+        return max(self.min_replicas, min(self.max_replicas, want))
+
+    def decide(self, current_target: int, total: float) -> int:
+        """Ray Serve's ``replica_queue_length_autoscaling_policy``: the new target."""
+        desired = self.desired(total)
+        up = int(self.upscale_delay_s / self.interval_s + 1e-9)
+        down = int(self.downscale_delay_s / self.interval_s + 1e-9)
+        if desired > current_target:
+            if self.decision_counter < 0:
+                self.decision_counter = 0
+            self.decision_counter += 1
+            if self.decision_counter > up:
+                self.decision_counter = 0
+                return desired
+        elif desired < current_target:
+            if self.decision_counter > 0:
+                self.decision_counter = 0
+            self.decision_counter -= 1
+            if self.decision_counter < -down:
+                self.decision_counter = 0
+                return desired
+        else:
+            self.decision_counter = 0
+        return current_target
