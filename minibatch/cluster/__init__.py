@@ -35,9 +35,10 @@ list of views::
 
 from minibatch.cluster import routers
 from minibatch.cluster.autoscaler import Autoscaler
+from minibatch.cluster.disagg import Disaggregation, goodput_per_gpu
 from minibatch.cluster.migration import Migration
 from minibatch.cluster.replica import Replica, ReplicaView
 from minibatch.cluster.routers import Router, available, register
 from minibatch.cluster.runner import ClusterResult, run
 
-__all__ = ["Autoscaler", "ClusterResult", "Migration", "Replica", "ReplicaView", "Router", "available", "register", "routers", "run"]
+__all__ = ["Autoscaler", "ClusterResult", "Disaggregation", "Migration", "Replica", "ReplicaView", "Router", "available", "goodput_per_gpu", "register", "routers", "run"]

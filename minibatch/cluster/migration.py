@@ -73,6 +73,23 @@ def block_bytes(engine) -> int:
     return int(b)
 
 
+def copy_blocks(src_engine, dst_engine, src_ids: list[int], dst_ids: list[int]) -> None:
+    """Copy KV blocks ``src_ids`` of ``src_engine`` into blocks ``dst_ids`` of ``dst_engine``
+    (every layer's K and V); nothing to do unless both run the real model (``kv_caches``)."""
+    src_c = getattr(src_engine.executor, "kv_caches", None)
+    dst_c = getattr(dst_engine.executor, "kv_caches", None)
+    if src_c is None or dst_c is None or not src_ids:
+        return
+    import torch
+
+    si = torch.tensor(list(src_ids), dtype=torch.long, device=src_c[0][0].device)
+    di = torch.tensor(list(dst_ids), dtype=torch.long, device=dst_c[0][0].device)
+    with torch.inference_mode():
+        for (ks, vs), (kd, vd) in zip(src_c, dst_c):
+            kd.index_copy_(0, di, ks.index_select(0, si).to(kd.device))
+            vd.index_copy_(0, di, vs.index_select(0, si).to(vd.device))
+
+
 def load(engine) -> float:
     """Virtual usage: (blocks in use + blocks the waiting requests need) / blocks."""
     kv = engine.kv
@@ -205,19 +222,8 @@ class Migrator:
         move.t_event = t_p + self._secs(nbytes)
 
     def _copy_data(self, move: Move, n: int) -> None:
-        src_c = getattr(move.src.engine.executor, "kv_caches", None)
-        dst_c = getattr(move.dst.engine.executor, "kv_caches", None)
-        if src_c is None or dst_c is None or n == 0:
-            return
-        import torch
-
-        src_ids = move.src.engine.kv.block_table(move.rid)[:n]
-        si = torch.tensor(src_ids, dtype=torch.long, device=src_c[0][0].device)
-        di = torch.tensor(move.dst_blocks[:n], dtype=torch.long, device=dst_c[0][0].device)
-        with torch.inference_mode():
-            for (ks, vs), (kd, vd) in zip(src_c, dst_c):
-                kd.index_copy_(0, di, ks.index_select(0, si).to(kd.device))
-                vd.index_copy_(0, di, vs.index_select(0, si).to(vd.device))
+        copy_blocks(move.src.engine, move.dst.engine, move.src.engine.kv.block_table(move.rid)[:n],
+                    move.dst_blocks[:n])
 
     def _resume(self, move: Move, now: float) -> None:
         req, src, dst = move.req, move.src, move.dst

@@ -59,7 +59,9 @@ class ClusterResult:
         replica serves counts in none), ``replica_seconds`` (replicas x the run's span, first
         arrival to the last step's end: what N provisioned machines cost), ``busy_replica_seconds``
         (time the replicas spent in steps), ``migrations`` (requests moved, see
-        ``minibatch.cluster.migration``), ``kv_transfer_bytes`` (KV bytes those moves copied) and
+        ``minibatch.cluster.migration``), ``kv_transfer_bytes`` (KV bytes those moves, or the
+        prefill-to-decode transfers of a disaggregated cluster, copied), ``kv_transfers`` (those
+        transfers, ``minibatch.cluster.disagg``) and
         ``scale_events`` (``(time, replicas)`` after each change of the autoscaler's target:
         replicas provisioned and not draining). With an autoscaler ``replica_seconds`` counts
         each replica from its start (its cold start included) to its removal (the end of its
@@ -83,6 +85,7 @@ class ClusterResult:
         out["busy_replica_seconds"] = float(sum(s.duration for s in self.steps))
         out["migrations"] = int(self.extra.get("migrations", 0))
         out["kv_transfer_bytes"] = int(self.extra.get("kv_transfer_bytes", 0))
+        out["kv_transfers"] = int(self.extra.get("kv_transfers", 0))
         out["scale_events"] = list(self.extra.get("scale_events", []))
         return out
 
@@ -105,7 +108,7 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         hardware: str | None = None, *, models=None, router_kwargs: dict | None = None,
         engines: list[LLMEngine] | None = None, keep_tokens: bool | None = None,
         on_step: Callable | None = None, clock: str = "virtual", autoscaler=None,
-        migration=None, **engine_kwargs) -> ClusterResult:
+        migration=None, disaggregation=None, **engine_kwargs) -> ClusterResult:
     """Replay ``workload`` on ``replicas`` engines behind ``router``; return a :class:`ClusterResult`.
 
     ``router`` is a registered name (``minibatch.cluster.routers.available()``), a
@@ -125,6 +128,11 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
     drains them, with Ray Serve's rule; it needs one model and no ``engines=``.
     ``migration`` (``True`` or a :class:`~minibatch.cluster.migration.Migration`) moves running
     requests with their KV blocks from loaded to light replicas (Llumnix).
+    ``disaggregation`` (a :class:`~minibatch.cluster.disagg.Disaggregation`) runs its ``prefill``
+    replicas (indices ``0..P-1``, the router picks among them) and ``decode`` replicas (``P..``);
+    a prefilled request's KV blocks go over the link to a decode replica
+    (DistServe, ``minibatch.cluster.disagg``); ``replicas`` is then ignored and ``engines``, if
+    given, are the P prefill engines followed by the D decode engines.
     """
     if clock != "virtual":
         raise ValueError(f"minibatch.cluster.run replays under the virtual clock only, got clock={clock!r}")
@@ -136,20 +144,33 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         scaler.reset()
         replicas = scaler.start_replicas
 
-    def make_engine(name: str) -> LLMEngine:
-        cfg = EngineConfig.from_kwargs(executor=executor, model=name, hardware=hardware, **engine_kwargs)
+    def make_engine(name: str, hw: str | None = None) -> LLMEngine:
+        cfg = EngineConfig.from_kwargs(executor=executor, model=name, hardware=hw or hardware, **engine_kwargs)
         return LLMEngine(cfg, clock="virtual")
 
+    dis = disaggregation
+    if dis is not None:
+        if scaler is not None or migration or models is not None:
+            raise ValueError("disaggregation= goes with one model and neither autoscaler= nor migration=")
+        replicas = dis.prefill + dis.decode
+        if engines is not None and len(engines) != replicas:
+            raise ValueError(f"disaggregation= needs {dis.prefill} prefill + {dis.decode} decode engines, "
+                             f"got {len(engines)}")
     if engines is None:
         names = _replica_models(replicas, model, models)
         engines = []
-        for name in names:
-            engines.append(make_engine(name))
+        for i, name in enumerate(names):
+            hw = None if dis is None else (dis.prefill_hardware if i < dis.prefill else dis.decode_hardware)
+            engines.append(make_engine(name, hw))
     else:
         names = [e.config.model for e in engines] if models is None else _replica_models(len(engines), model, models)
     if not engines:
         raise ValueError("a cluster needs at least one replica")
     reps = [Replica(i, e, names[i]) for i, e in enumerate(engines)]
+    pd = None
+    if dis is not None:
+        from minibatch.cluster.disagg import Disaggregator
+        pd = Disaggregator(dis, reps[:dis.prefill], reps[dis.prefill:])
     rt = _routers.get(router, **(router_kwargs or {}))
     by_model: dict[str, list[Replica]] = {}
     for r in reps:
@@ -172,6 +193,8 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
     def route(spec, now: float) -> None:
         rid = spec.request_id if spec.request_id is not None else f"r{len(order)}"
         candidates = reps if spec.model is None else by_model.get(spec.model, [])
+        if pd is not None:
+            candidates = [r for r in candidates if r in pd.prefill]
         if scaler is not None:
             candidates = [r for r in candidates if r.serving(now)]
         if not candidates:
@@ -193,6 +216,9 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         params = SamplingParams(temperature=0.0, max_tokens=max(1, spec.max_tokens), ignore_eos=True)
         queued = True
         try:
+            if pd is not None and not pd.can_ever_decode(len(prompt) + params.max_tokens):
+                raise ValueError(f"request needs {len(prompt) + params.max_tokens} tokens of KV but no "
+                                 "decode replica's whole cache holds them; it can never be decoded")
             engine.add_request(prompt, params, request_id=rid, arrival_time=now,
                                priority=spec.priority, tenant=spec.tenant)
         except ValueError as e:
@@ -256,12 +282,13 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         nxt = min(reps, key=lambda r: r.next_event_time())
         t_rep = nxt.next_event_time()
         t_move = mig.next_event() if mig is not None else inf
+        t_xfer = pd.next_event() if pd is not None else inf
         # The periodic decisions run while something is still due (an arrival, a step, a move's
         # stage); once nothing is, they could not make a stuck replica progress.
-        due = bool(pending) or t_rep < inf or t_move < inf
+        due = bool(pending) or t_rep < inf or t_move < inf or t_xfer < inf
         t_tick = next_tick if due else inf
         t_mtick = mig.next_tick if mig is not None and due else inf
-        t_next = min(t_rep, t_tick, t_move, t_mtick)
+        t_next = min(t_rep, t_tick, t_move, t_mtick, t_xfer)
         if pending and pending[0].arrival_time <= t_next + _EPS:
             spec = pending.popleft()
             route(spec, spec.arrival_time)
@@ -276,11 +303,17 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
             if scaler is not None:
                 sweep(t_move)
             continue
+        if t_xfer <= t_next and t_xfer < inf:
+            pd.fire(t_xfer)
+            continue
         if t_mtick <= t_next and t_mtick < inf:
             mig.tick(t_mtick, reps)
             continue
         if t_rep == inf:
             stuck = [r for r in reps if r.engine.has_unfinished_requests()]
+            if pd is not None and pd.ready:
+                raise RuntimeError(f"{len(pd.ready)} prefilled requests wait for a decode replica "
+                                   "and none will ever have room")
             if stuck:
                 r = stuck[0]
                 raise RuntimeError(f"replica {r.index} made no progress and nothing is due: policy "
@@ -288,6 +321,11 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
                                    "waiting requests forever")
             break
         step = nxt.step()
+        if pd is not None:
+            if nxt in pd.prefill:
+                pd.after_prefill_step(nxt)        # prefilled requests leave for the decode pool
+            else:
+                pd.try_start(nxt.clock.now())     # blocks freed on a decode replica
         if nxt.draining:
             sweep(nxt.clock.now())               # drained: it leaves when its last step ends
         if step is not None and on_step is not None:
@@ -301,6 +339,8 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         else:
             if mig is not None:
                 rep = mig.moved_to.get(rid, rep)      # where it finished
+            if pd is not None:
+                rep = pd.moved_to.get(rid, rep)
             rec = RequestRecord.of(rep.engine.requests[rid], keep_tokens=keep_tokens)
             rec.replica = rep.index
             rec.model = specs[i].model
@@ -315,6 +355,17 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         extra["kv_transfer_bytes"] = mig.kv_transfer_bytes
         extra["migration_log"] = mig.log
         extra["migrations_abandoned"] = mig.abandoned
+    from minibatch.cluster.disagg import gpus_of
+    extra["gpus"] = sum(gpus_of(r.engine) for r in reps)
+    if pd is not None:
+        extra["kv_transfers"] = len(pd.log)
+        extra["kv_transfer_bytes"] = pd.kv_transfer_bytes
+        extra["transfer_log"] = pd.log
+        extra["max_in_flight_blocks"] = pd.max_in_flight_blocks
+        extra["prefill_replica"] = {rid: rep.index for rid, rep in order if rep is not None}
+        extra["pools"] = {"prefill": [r.index for r in pd.prefill], "decode": [r.index for r in pd.decode],
+                          "prefill_results": [results[r.index] for r in pd.prefill],
+                          "decode_results": [results[r.index] for r in pd.decode]}
     if scaler is not None:
         extra["scale_events"] = scale_events
         extra["lifetimes"] = [(r.started_at, r.removed_at) for r in reps]   # (start, removal or None)
