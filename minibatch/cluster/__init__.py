@@ -12,7 +12,10 @@ hardware="a100-80g", **engine_kwargs) -> ClusterResult``; ``ClusterResult.summar
 ``replica_seconds``, ``scale_events`` ...; ``autoscaler=Autoscaler(...)`` adds and drains
 replicas with Ray Serve's rule (``minibatch.cluster.autoscaler``); ``migration=True`` (or
 ``Migration(...)``) moves running requests with their KV blocks from loaded to light replicas
-(Llumnix-style, ``minibatch.cluster.migration``); ``ClusterResult.requests`` holds every record (each with
+(Llumnix-style, ``minibatch.cluster.migration``); ``disaggregation=Disaggregation(prefill=P, decode=D,
+link_gbps=...)`` prefills on P replicas and decodes on D others, the prompt's KV blocks sent over a
+link in between (DistServe, ``minibatch.cluster.disagg``; ``goodput_per_gpu`` is its figure of
+merit); ``ClusterResult.requests`` holds every record (each with
 ``.replica``), ``ClusterResult.replicas`` one ``RunResult`` per replica. How the event loop
 keeps N replicas' time apart: ``minibatch.cluster.runner``; the routers and where each
 rule comes from: ``minibatch.cluster.routers``.

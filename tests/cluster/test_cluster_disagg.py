@@ -220,3 +220,13 @@ def test_no_request_is_lost_and_kv_is_conserved(reqs, p, d, blocks, router, deco
     for e in engines.values():
         e.kv.check_invariants()
         assert not e.kv.req_blocks                       # every block free or held by the prefix cache
+
+
+def test_each_pool_runs_on_its_own_hardware():
+    wl = Workload([RequestSpec(0.0, 500, 4, request_id="q0")])
+    dis = Disaggregation(prefill=1, decode=2, prefill_hardware="h100", decode_hardware="a100-80g")
+    res = cluster.run(wl, disaggregation=dis, num_kv_blocks=100, block_size=16, **SIM)
+    assert [r.config["hardware"] for r in res.replicas] == ["h100", "a100-80g", "a100-80g"]
+    alone = cluster.run(wl, num_kv_blocks=100, block_size=16, **{**SIM, "hardware": "h100"})
+    assert res.requests[0].ttft == pytest.approx(alone.requests[0].ttft)     # prefilled on the H100
+    assert res.extra["gpus"] == 3 and res.summary()["routed"] == [1, 1, 0]
