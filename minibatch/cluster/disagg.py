@@ -31,7 +31,10 @@ at ``t0`` (they cannot change afterwards), so greedy tokens equal a single engin
 ``ClusterResult.extra``: ``pools`` (``{"prefill": [replica indices], "decode": [...],
 "prefill_results": [RunResult], "decode_results": [RunResult]}``), ``transfer_log`` (one entry
 per transfer: request, src, dst, ``t_ready`` (prefill done), ``t0``, ``t_end``, blocks, bytes),
-``kv_transfers`` and ``kv_transfer_bytes`` (also in ``summary()``).
+``kv_transfers`` and ``kv_transfer_bytes`` (also in ``summary()``), ``prefill_replica`` (request id ->
+the prefill replica it was routed to; ``ClusterResult.requests[i].replica`` is where it finished),
+``max_in_flight_blocks`` (most blocks held twice at once). ``summary()["routed"]`` counts the
+arrivals routed to each prefill replica and the transfers each decode replica received.
 
 :func:`goodput_per_gpu` is DistServe's figure of merit: the highest rate at which at least
 90% of requests meet both the TTFT and the TPOT SLO (``minibatch.results.capacity``), divided
