@@ -19,6 +19,7 @@ Two more modes (medians over ``--seeds`` seeds):
 
     python benchmarks/cluster.py --autoscale    # Azure conversation trace: autoscaler vs static for the peak
     python benchmarks/cluster.py --migration    # long-tail outputs: round robin with and without migration
+    python benchmarks/cluster.py --disagg       # colocated vs prefill/decode disaggregation, goodput per GPU
 
 ``--autoscale``: the shipped Azure LLM inference trace (conversation, 2023-11-16, one hour),
 each request kept with probability ``--keep`` (the seed draws which: the rate's shape over
@@ -36,6 +37,15 @@ TTFT p99 and E2E p99.
 run), with and without Llumnix-style migration (defaults of ``Migration``: a decision every
 0.1 s, 100 Gb/s link), and least_requests without migration for reference. Printed: TTFT
 p50 / p99, E2E p99, migrations and KV bytes moved.
+
+``--disagg``: DistServe's comparison at equal GPU count (``--gpus``, default 4 llama-3-8b /
+A100-80GB replicas, one GPU each): colocated (``least_requests``) vs every prefill/decode split
+P + D = gpus (``Disaggregation``, ``--link-gbps`` link, least-loaded decode side). Figure of merit:
+goodput per GPU, the highest Poisson rate (1..512 req/s, runs of at least ``--duration`` s of arrivals) at which >= 90% of the steady-state requests (trim 0.1)
+meet both TTFT <= ``--ttft-slo`` and TPOT <= ``--tpot-slo`` (``minibatch.cluster.goodput_per_gpu``,
+bisection to 10%), medians over ``--seeds`` seeds. Three regimes: long prompts (lognormal median
+``--disagg-prompt``) with a tight TPOT SLO, where prefills stall colocated decodes; the same on a
+slow link (``--slow-gbps``); short prompts (median 128), where there is little prefill to isolate.
 """
 
 from __future__ import annotations
@@ -118,6 +128,40 @@ def migration_bench(args) -> None:
         print(f"{name:<24}" + "".join(f"{fmt.format(statistics.median(r[k] for r in rs)):>12}" for k, _, fmt in keys))
 
 
+def disagg_bench(args) -> None:
+    from minibatch.cluster import Disaggregation, goodput_per_gpu
+
+    engine = {"executor": "sim", "model": args.model, "hardware": args.hardware}
+    slo = {"ttft": args.ttft_slo, "tpot": args.tpot_slo}
+    regimes = (("long prompts", args.disagg_prompt, args.link_gbps),
+               (f"long prompts, {args.slow_gbps:g} Gb/s link", args.disagg_prompt, args.slow_gbps),
+               ("short prompts", 128, args.link_gbps))
+    splits = [(p, args.gpus - p) for p in range(1, args.gpus)]
+    print(f"{args.gpus} GPUs of {args.model} / {args.hardware}, SLO TTFT <= {args.ttft_slo:g} s and TPOT <= "
+          f"{args.tpot_slo:g} s for >= 90% of requests, max({args.n}, rate x {args.duration:g} s) Poisson requests a "
+          "run; goodput per GPU "
+          f"(req/s/GPU), medians over {args.seeds} seeds")
+    print(f"{'regime':<34}{'colocated':>11}" + "".join(f"{f'{p}P+{d}D':>9}" for p, d in splits) + f"{'wall s':>8}")
+    for name, prompt, gbps in regimes:
+        t0 = time.perf_counter()
+        cols: dict[str, list[float]] = {}
+        for seed in range(args.seeds):
+            def at(rate, prompt=prompt, seed=seed):
+                n = max(args.n, int(rate * args.duration))       # at least --duration s of arrivals
+                return synthetic(n, rate, input_len=lognormal(median=prompt, sigma=0.5, max=4 * prompt),
+                                 output_len=lognormal(median=128, sigma=0.5, max=512), seed=seed)
+            kw = dict(slo=slo, trim=0.1, lo=1.0, hi=512.0, tol=0.1, **engine)
+            cols.setdefault("colocated", []).append(
+                goodput_per_gpu(at, replicas=args.gpus, router="least_requests", **kw))
+            for p, d in splits:
+                dis = Disaggregation(prefill=p, decode=d, link_gbps=gbps)
+                cols.setdefault(f"{p}P+{d}D", []).append(
+                    goodput_per_gpu(at, disaggregation=dis, router="least_requests", **kw))
+        med = {k: statistics.median(v) for k, v in cols.items()}
+        print(f"{name:<34}{med['colocated']:>11.3f}" + "".join(f"{med[f'{p}P+{d}D']:>9.3f}" for p, d in splits)
+              + f"{time.perf_counter() - t0:>8.0f}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replicas", type=int, default=8)
@@ -136,9 +180,26 @@ def main(argv=None) -> None:
     ap.add_argument("--target", type=float, default=8.0, help="--autoscale: target ongoing requests per replica")
     ap.add_argument("--max-replicas", type=int, default=8)
     ap.add_argument("--cold-start", type=float, default=60.0, help="--autoscale: seconds before a new replica serves")
-    ap.add_argument("--ttft-slo", type=float, default=5.0)
-    ap.add_argument("--tpot-slo", type=float, default=0.15)
+    ap.add_argument("--ttft-slo", type=float, default=None, help="seconds (default 5; --disagg: 1.5)")
+    ap.add_argument("--tpot-slo", type=float, default=None, help="seconds (default 0.15; --disagg: 0.025)")
+    ap.add_argument("--disagg", action="store_true", help="colocated vs disaggregated goodput per GPU")
+    ap.add_argument("--gpus", type=int, default=4, help="--disagg: GPUs (replicas) of either cluster")
+    ap.add_argument("--disagg-prompt", type=int, default=2048, help="--disagg: median prompt of the long regime")
+    ap.add_argument("--link-gbps", type=float, default=100.0, help="--disagg: prefill-to-decode link")
+    ap.add_argument("--duration", type=float, default=10.0, help="--disagg: seconds of arrivals a run, at least")
+    ap.add_argument("--slow-gbps", type=float, default=1.0, help="--disagg: the slow link's Gb/s")
     args = ap.parse_args(argv)
+    if args.disagg:
+        args.ttft_slo = 1.5 if args.ttft_slo is None else args.ttft_slo
+        args.tpot_slo = 0.025 if args.tpot_slo is None else args.tpot_slo
+        if args.n == 1500:
+            args.n = 300
+        if args.hardware == "a10":
+            args.hardware = "a100-80g"
+        disagg_bench(args)
+        return
+    args.ttft_slo = 5.0 if args.ttft_slo is None else args.ttft_slo
+    args.tpot_slo = 0.15 if args.tpot_slo is None else args.tpot_slo
     if args.autoscale or args.migration:
         if args.autoscale:
             autoscale(args)
