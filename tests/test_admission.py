@@ -133,3 +133,70 @@ def test_contiguous_config_errors():
                                     kv_allocator="contiguous", max_model_len=4096), clock="virtual")
     with pytest.raises(ValueError, match="KV blocks"):          # 256 blocks reserved > 100 in the pool
         engine.add_request([1] * 10, SamplingParams(max_tokens=5))
+
+
+def _running(s, req, held_tokens, generated=0):
+    """Put ``req`` in ``s.running`` with blocks for ``held_tokens`` and ``generated`` outputs."""
+    req.output_token_ids.extend([5] * generated)
+    assert s.kv.allocate_slots(req, held_tokens)
+    req.num_computed_tokens = req.num_tokens
+    req.status = RequestStatus.RUNNING
+    s.running.append(req)
+    return req
+
+
+def test_guaranteed_no_evict_promises_nothing_for_a_request_that_holds_its_whole_future():
+    s = _scheduler("guaranteed_no_evict")                 # 10 blocks of 4
+    _running(s, _req("r", 8, 8), 16)                      # final 16 tokens: all 4 blocks held
+    g = s.admission
+    assert g.can_admit(s, _req("a", 8, 16), []), "6 free, none promised: 24 tokens (6 blocks) fit"
+    assert not g.can_admit(s, _req("b", 8, 17), [])       # 25 tokens: 7 blocks
+
+
+def test_conservative_ratio_decays_linearly_from_the_initial_to_the_floor():
+    s = _scheduler("conservative")
+    c = Conservative()
+    step = (0.7 - 0.7 * 0.14) / 600                       # 600 steps from 0.7 down to 0.098
+    c.on_step(s, 0)
+    assert c.new_token_ratio == pytest.approx(0.7 - step)
+    for _ in range(299):
+        c.on_step(s, 0)
+    assert c.new_token_ratio == pytest.approx((0.7 + 0.098) / 2), "halfway after 300 of the 600 steps"
+
+
+def test_conservative_estimate_counts_the_tokens_left_and_stops_at_max_model_len():
+    kv = KVCacheManager(300, 4)
+    s = Scheduler(EngineConfig(admission="conservative", block_size=4), kv, max_model_len=100)
+    c = s.admission
+    c.new_token_ratio = 0.7
+    half = _req("h", 10, 20)
+    half.output_token_ids.extend([5] * 10)                # 10 of 20 left
+    assert c.estimate(s, half) == 7                       # ceil(0.7 * 10)
+    assert c.estimate(s, _req("c", 90, 20)) == 10         # ceil(0.7 * 20) = 14, but 100 - 90 = 10 remain
+    full = _req("f", 90, 20)
+    full.output_token_ids.extend([5] * 10)                # 100 tokens: max_model_len reached
+    assert c.estimate(s, full) == 0, "10 tokens left by max_tokens, none by max_model_len"
+
+
+def test_conservative_reserves_nothing_for_a_request_whose_estimate_it_holds():
+    s = _scheduler("conservative")                        # 10 blocks of 4
+    c = s.admission
+    c.new_token_ratio = 0.5
+    _running(s, _req("r", 8, 8), 12)                      # 8 + ceil(0.5 * 8) = 12 tokens: its 3 blocks
+    assert c.can_admit(s, _req("a", 8, 40), []), "7 free, none reserved: 8 + 20 tokens (7 blocks) fit"
+    assert not c.can_admit(s, _req("b", 8, 42), [])       # 8 + 21 tokens: 8 blocks
+
+
+@pytest.mark.parametrize("lens,generated,expected", [
+    ([100, 100], [60, 80], 0.9),              # (60 + 80 + 20 * 2) / 200
+    ([100, 100], [10, 30], 0.7),              # (10 + 30 + 40) / 200 = 0.4: never below the initial 0.7
+    ([10, 10], [5, 5], 1.0),                  # (5 + 5 + 40) / 20 = 2.5: capped at 1
+    ([], [], 1.0),                            # nobody left running: 1
+])
+def test_conservative_ratio_after_a_preemption_is_the_retract_estimate(lens, generated, expected):
+    s = _scheduler("conservative", num_blocks=100)
+    c = s.admission
+    for i, (max_tokens, gen) in enumerate(zip(lens, generated)):
+        _running(s, _req(f"r{i}", 4, max_tokens), 4 + gen, gen)
+    c.on_step(s, 1)
+    assert c.new_token_ratio == pytest.approx(expected)

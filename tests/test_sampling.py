@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from minibatch import LLM, SamplingParams
+from minibatch.kernels import cpu_paged
 from minibatch.request import Request
-from minibatch.sampler import apply_top_k_top_p, draw_inverse_cdf, sample
+from minibatch.sampler import apply_top_k_top_p, argmax_rows, draw_inverse_cdf, sample
 
 
 def test_top_k_and_top_p_masks():
@@ -128,6 +131,110 @@ def test_a_row_that_breaks_the_sampler_fails_alone_and_seeded_rows_keep_their_dr
     errors = {}
     got = sample(logits, reqs(), errors)
     assert list(errors) == [1]
+    assert all(isinstance(t, int) for t in got), "the failed row's entry is meaningless but still a token id"
     alone = Request("s2", [1], SamplingParams(temperature=0.8, top_p=0.9, seed=5), 0.0)
     assert got[0] == sample(logits[0:1], [alone])[0]          # the seeded row: the draw of a clean run
     assert got[2] == int(logits[2].argmax())
+
+
+# -- unit checks of each step, expected values worked out by hand ------------------------
+def _first_uniform(seed: int) -> float:
+    """The uniform number a request seeded with ``seed`` draws first: a float64 from its own
+    ``torch.Generator().manual_seed(seed)``."""
+    return torch.rand(1, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).item()
+
+
+def test_argmax_rows_is_the_last_dim_argmax_for_every_dtype_and_layout():
+    rows = [[3.0, 1.0, 2.0], [0.0, 5.0, 4.0]]                    # row maxima at 0 and 1
+    assert argmax_rows(torch.tensor(rows)).tolist() == [0, 1]
+    assert argmax_rows(torch.tensor(rows, dtype=torch.float64)).tolist() == [0, 1]
+    assert argmax_rows(torch.tensor(rows, dtype=torch.bfloat16)).tolist() == [0, 1]
+    transposed = torch.tensor(rows).t().contiguous().t()        # columns 2 floats apart
+    assert transposed.stride() == (1, 2) and argmax_rows(transposed).tolist() == [0, 1]
+    every_other = torch.tensor([[3.0, 9, 1, 9, 2, 9], [0, 9, 5, 9, 4, 9]])[:, ::2]
+    assert every_other.stride(1) == 2 and argmax_rows(every_other).tolist() == [0, 1]
+    assert argmax_rows(torch.tensor([1.0, 3.0, 2.0])).tolist() == 1   # one row, 1-D: a scalar index
+
+
+def test_argmax_rows_takes_the_c_kernel_only_for_contiguous_float32_rows(monkeypatch):
+    if cpu_paged.load() is None:
+        pytest.skip("the C kernel is not built here")
+    calls = []
+    real = cpu_paged.argmax_rows_c
+    monkeypatch.setattr(cpu_paged, "argmax_rows_c", lambda t: calls.append(tuple(t.shape)) or real(t))
+    rows = [[3.0, 1.0, 2.0], [0.0, 5.0, 4.0]]
+    assert argmax_rows(torch.tensor(rows)).tolist() == [0, 1]
+    assert calls == [(2, 3)], "a contiguous 2-D float32 tensor goes through the C kernel"
+    argmax_rows(torch.tensor(rows, dtype=torch.float64))
+    argmax_rows(torch.tensor(rows).t().contiguous().t())
+    argmax_rows(torch.tensor([[3.0, 9, 1, 9, 2, 9]])[:, ::2])
+    argmax_rows(torch.tensor([1.0, 3.0, 2.0]))
+    assert calls == [(2, 3)], "float64, strided columns and 1-D tensors take torch's argmax"
+
+
+def test_a_seeded_draw_uses_the_float64_uniform_of_its_own_generator():
+    # 2**16 equal logits: each probability is 2**-16 exactly, the cumulative sums are k * 2**-16,
+    # so the first whose sum exceeds u is token floor(u * 2**16).
+    vocab = 2 ** 16
+    logits = torch.zeros(1, vocab)
+    for seed in range(20):
+        req = Request("r", [1], SamplingParams(temperature=1.0, seed=seed), 0.0)
+        assert sample(logits, [req]) == [math.floor(_first_uniform(seed) * vocab)], f"seed {seed}"
+
+
+@pytest.mark.parametrize("logits,params,probs", [
+    # temperature 2 halves the logits: [0, ln 3] -> probabilities 1/4, 3/4
+    ([0.0, 2 * math.log(3)], {"temperature": 2.0}, [0.25, 0.75]),
+    # temperature 0.5 doubles them: [0, ln 3] -> 1/4, 3/4
+    ([0.0, math.log(3) / 2], {"temperature": 0.5}, [0.25, 0.75]),
+    # top-k 2 of one row keeps the two largest: softmax of [3, 2] = e/(1+e), 1/(1+e)
+    ([3.0, 2.0, 1.0, 0.0], {"temperature": 1.0, "top_k": 2}, [math.e / (1 + math.e), 1 / (1 + math.e), 0, 0]),
+])
+def test_seeded_draws_follow_the_distribution_worked_out_by_hand(logits, params, probs):
+    cdf = [sum(probs[:i + 1]) for i in range(len(probs))]
+    seen = set()
+    for seed in range(100):
+        u = _first_uniform(seed)
+        if any(abs(u - c) < 1e-5 for c in cdf):
+            continue                                            # too close to a boundary for float32
+        expected = next(i for i, c in enumerate(cdf) if u < c)  # inverse CDF: first sum above u
+        req = Request("r", [1], SamplingParams(seed=seed, **params), 0.0)
+        assert sample(torch.tensor([logits]), [req]) == [expected], f"seed {seed}, u={u}"
+        seen.add(expected)
+    assert seen == {0, 1}, "the seeds reach both kept tokens"
+
+
+def test_no_top_k_and_top_p_1_change_nothing():
+    """A float32 softmax rounds the tail mass of [0, -30, -30] away (1 + 9e-14 == 1): with
+    nothing to filter the logits still come back as they were, tail included."""
+    z = torch.tensor([[0.0, -30.0, -30.0]])
+    assert torch.equal(apply_top_k_top_p(z.clone(), [-1], [1.0]), z)
+
+
+def test_top_k_drops_tokens_even_where_the_kept_mass_rounds_below_top_p_1():
+    # softmax of [2, 0, 0] in float32 sums to 1 - 2**-24 < 1.0: the top-p test alone would keep
+    # the two tokens past k, so only the top-k mask removes them.
+    z = torch.tensor([[2.0, 0.0, 0.0, -1.0, -1.0]])
+    assert torch.softmax(z[:, :3], -1).cumsum(-1)[0, -1] < 1.0
+    assert torch.isfinite(apply_top_k_top_p(z.clone(), [3], [1.0])).tolist() == [[True, True, True, False, False]]
+
+
+def test_top_p_is_compared_in_the_logits_precision():
+    """float64 logits: probabilities 1/2, 1/4, 1/4 exactly; top_p = 1/2 + 2**-30 (which float32
+    would round to 1/2) is not reached by the first token alone, so the second stays."""
+    z = torch.tensor([[0.0, -math.log(2), -math.log(2)]], dtype=torch.float64)
+    assert torch.softmax(z, -1).tolist() == [[0.5, 0.25, 0.25]]
+    assert torch.isfinite(apply_top_k_top_p(z.clone(), [-1], [0.5 + 2 ** -30])).tolist() == [[True, True, False]]
+
+
+def test_inverse_cdf_sums_in_float64_scales_by_the_row_total_and_falls_back_per_row():
+    f64 = {"dtype": torch.float64}
+    # Cumulative sums 1, 1 + 1e-8, 2 + 1e-8 (float32 would round the second to 1): u * total =
+    # 1 + 5e-9 falls in the tiny token's interval.
+    assert draw_inverse_cdf(torch.tensor([[1.0, 1e-8, 1.0]]), torch.tensor([[0.5]], **f64)).tolist() == [1]
+    # Total 4: u = 0.3 -> 1.2, past the first sum (1), before the second (2).
+    assert draw_inverse_cdf(torch.tensor([[1.0, 1.0, 2.0]]), torch.tensor([[0.3]], **f64)).tolist() == [1]
+    # Two rows: row 0 draws 2 (0.5 is past 0.1); row 1 overshoots onto a zero token and falls
+    # back to its own most likely token (1), not to the batch's.
+    probs = torch.tensor([[0.0, 0.1, 0.9], [0.2, 0.3, 0.0]])
+    assert draw_inverse_cdf(probs, torch.tensor([[0.5], [1.0]], **f64)).tolist() == [2, 1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -126,3 +127,57 @@ def test_swap_with_the_real_model_copies_tensors(checkpoints):
     drive(engine, limit=1000)
     assert engine.scheduler.swapper.num_swapped_in > 0
     assert [engine.output(i).outputs[0].token_ids for i in ids] == expected
+
+
+def _computed(kv, rid, n):
+    """A request whose first ``n`` tokens are computed (their blocks allocated)."""
+    req = Request(rid, list(range(3, 3 + n)), SamplingParams(), 0.0)
+    assert kv.allocate_slots(req, n)
+    req.num_computed_tokens = n
+    return req
+
+
+def test_swap_out_takes_one_block_and_a_pool_that_fits_exactly_but_not_nothing():
+    kv = KVCacheManager(8, 4)
+    swapper = Swapper(kv, KVCheckingExecutor(8, 4), capacity_blocks=3)
+    fresh = Request("f", [3, 4, 5], SamplingParams(), 0.0)
+    assert kv.allocate_slots(fresh, 3)                      # blocks, but nothing computed yet
+    assert not swapper.swap_out(fresh), "no computed KV: nothing to keep, the scheduler recomputes"
+    assert kv.block_table("f") and swapper.num_used == 0 and not swapper.saved
+    one = _computed(kv, "one", 3)                           # 3 tokens: 1 block
+    assert swapper.swap_out(one) and swapper.num_used == 1 and not kv.block_table("one")
+    two = _computed(kv, "two", 8)                           # 2 blocks: 1 + 2 == capacity 3, fits
+    assert swapper.swap_out(two) and swapper.num_used == 3
+
+
+def test_measured_copy_times_add_up_until_taken(monkeypatch):
+    import minibatch.swap as swap_module
+
+    ticks = iter(range(100, 200))                           # perf_counter: 100, 101, 102, ...
+    monkeypatch.setattr(swap_module, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    kv = KVCacheManager(8, 4)
+    swapper = Swapper(kv, KVCheckingExecutor(8, 4), capacity_blocks=8)
+    req = _computed(kv, "a", 8)
+    assert swapper.swap_out(req)                            # starts at 100, charged at 101: 1 s
+    assert swapper.swap_in(req, 1)                          # starts at 102, charged at 103: 1 s
+    assert swapper.take_time() == 2.0
+    assert swapper.take_time() == 0.0
+
+
+def test_modelled_copy_time_uses_the_executors_block_bytes_and_adds_up():
+    kv = KVCacheManager(8, 4)
+    swapper = Swapper(kv, SimpleNamespace(block_bytes=1000), capacity_blocks=8)   # no kv_caches: modelled
+    assert swapper.block_bytes == 1000
+    assert swapper.swap_out(_computed(kv, "a", 5))          # 2 blocks
+    assert swapper.swap_out(_computed(kv, "b", 4))          # 1 block
+    assert swapper.take_time() == pytest.approx(3 * 1000 / HOST_LINK_BYTES_PER_S)
+
+
+def test_an_executor_without_sizes_models_a_free_copy():
+    kv = KVCacheManager(8, 4)
+    swapper = Swapper(kv, SimpleNamespace(), capacity_blocks=8)     # neither block_bytes nor cost_model
+    assert swapper.block_bytes == 0
+    assert swapper.swap_out(_computed(kv, "a", 5))
+    assert swapper.take_time() == 0.0
+    with_model = Swapper(kv, SimpleNamespace(cost_model=SimpleNamespace(kv_bytes_per_token_per_gpu=100)), 8)
+    assert with_model.block_bytes == 100 * 4
