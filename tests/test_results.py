@@ -134,3 +134,24 @@ def test_capacity_defaults_and_edges_of_the_bisection():
     for lo, hi in ((0.0, 1.0), (1.0, 1.0), (-1.0, 2.0)):
         with pytest.raises(ValueError, match=r"need 0 < lo < hi, got lo="):
             capacity(knee(1.0), lo=lo, hi=hi)
+
+
+def test_steady_window_trims_a_share_of_the_span_away_from_zero():
+    # arrivals 10, 15, 20: span 10, trim 0.1 cuts 1.0 at each end -> (11.0, 19.0). With the
+    # first arrival away from 0, (t1 - t0) = 10 and (t1 + t0) = 30 give different windows.
+    recs = [_rec(t, 0.5) for t in (10.0, 15.0, 20.0)]
+    assert steady_window(recs, 0.1) == pytest.approx((11.0, 19.0))
+    assert steady_window(recs, 0.25) == pytest.approx((12.5, 17.5))
+    assert steady_window(recs, 0.0) == (10.0, 20.0)
+
+
+def test_steady_window_of_no_records_is_empty_at_zero():
+    assert steady_window([], 0.1) == (0.0, 0.0)
+    s = summarize([], trim=0.1)
+    assert s["window_s"] == 0.0 and s["num_requests"] == 0
+
+
+@pytest.mark.parametrize("trim", [-0.1, 0.5, 0.7])
+def test_steady_window_refuses_a_trim_outside_its_range_by_name(trim):
+    with pytest.raises(ValueError, match=r"^trim must be in \[0, 0\.5\), got "):
+        steady_window([_rec(0.0, 0.5)], trim)
