@@ -251,6 +251,24 @@ def test_reject_records_the_request_with_its_error_and_loses_nothing():
     assert text.arrival_time == e.clock.now() and text.request_id != "x"
 
 
+
+def test_reject_keeps_the_given_sampling_params_and_replaces_anything_else():
+    e = engine()
+    sp = greedy(max_tokens=3)
+    assert e.reject([10], sp, "too long", request_id="a").sampling_params is sp
+    r = e.reject([10], {"max_tokens": -1}, "invalid sampling parameter", request_id="b")
+    assert isinstance(r.sampling_params, SamplingParams)
+    assert r.sampling_params.max_tokens == SamplingParams().max_tokens
+
+
+def test_reject_events_carry_the_prompt_length_and_the_error():
+    seen = []
+    e = engine()
+    e.subscribe(lambda ev, t, r, info: seen.append((ev, t, r.request_id, dict(info))))
+    e.reject([10, 11, 12], greedy(), "prompt too long", request_id="x", arrival_time=2.0)
+    assert seen == [("arrival", 2.0, "x", {"prompt_len": 3}),
+                    ("reject", 2.0, "x", {"error": "prompt too long"})]
+
 # -- validation ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("prompt, params, cfg, words", [
     ([], greedy(), {}, "empty prompt"),
@@ -338,3 +356,11 @@ def test_a_failing_request_in_a_batch_is_aborted_alone_and_the_others_step_as_us
     drain(e)
     assert [e.requests[r].output_token_ids for r in ("a", "b")] == [[5, 5], [5, 5]]
     assert e.kv.num_free_blocks == e.kv.num_blocks
+
+
+def test_a_lone_failed_step_records_no_forward_time():
+    e, _ = poisoned_engine({"p"})
+    e.add_request([10, 11, 12], greedy(), request_id="p")
+    e.step()
+    step = e.steps[-1]
+    assert (step.duration, step.forward_time) == (0.0, 0.0)   # the model never ran
