@@ -187,9 +187,21 @@ def test_the_steady_window_includes_both_its_ends():
 
 def test_a_steady_window_of_no_width_has_no_throughput():
     recs = [_at("a", 1.0, 10, [1.5, 2.0]), _at("b", 1.0, 10, [1.6])]    # one arrival time: window [1, 1]
-    s = summarize(recs, trim=0.1)
+    s = summarize(recs, slo={"ttft": 1.0}, trim=0.1)
     assert s["window_s"] == 0.0 and s["num_requests"] == 2
     assert (s["request_throughput"], s["throughput_tok_s"], s["total_throughput_tok_s"]) == (0.0, 0.0, 0.0)
+    assert s["goodput"] == 0.0 and s["slo_attainment"] == 1.0
+
+
+def test_a_steady_window_shorter_than_a_second_still_counts_per_second():
+    # arrivals 0, 0.5, 1, trim 0.25: the window is [0.25, 0.75], 0.5 s wide
+    recs = [_at("a", 0.0, 10, [0.5]), _at("c", 0.5, 20, [0.6]), _at("b", 1.0, 40, [1.5])]
+    s = summarize(recs, slo={"ttft": 1.0}, trim=0.25)
+    assert s["window_s"] == 0.5
+    assert s["request_throughput"] == pytest.approx(2 / 0.5)          # a and c finished inside
+    assert s["throughput_tok_s"] == pytest.approx(2 / 0.5)            # their one token each
+    assert s["total_throughput_tok_s"] == pytest.approx((2 + 10 + 20) / 0.5)
+    assert s["goodput"] == pytest.approx(2 / 0.5)                     # both met ttft <= 1 s
 
 
 def test_a_summary_with_nothing_completed_is_nan_without_numpy_warnings():
