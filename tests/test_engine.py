@@ -364,3 +364,30 @@ def test_a_lone_failed_step_records_no_forward_time():
     e.step()
     step = e.steps[-1]
     assert (step.duration, step.forward_time) == (0.0, 0.0)   # the model never ran
+
+
+# -- the length limit, from whatever the executor tells -------------------------------------------
+class Bare:
+    """An executor that says only how many KV blocks it has (and, if given, its max_model_len)."""
+
+    def __init__(self, max_model_len=None, model_config=None):
+        self.num_kv_blocks = 8
+        if max_model_len is not None:
+            self.max_model_len = max_model_len
+        if model_config is not None:
+            self.model_config = model_config
+
+    def execute(self, batch, kv):
+        raise AssertionError("not stepped in these tests")
+
+
+def test_an_executor_without_a_model_config_gives_its_own_max_model_len():
+    e = LLMEngine(EngineConfig.from_kwargs(block_size=4), clock="virtual", executor=Bare(max_model_len=32))
+    assert e.max_model_len == 32 and e.eos_token_ids == () and e.vocab_size is None
+
+
+def test_a_model_config_without_positions_and_no_executor_limit_takes_the_configured_one():
+    mc = SimpleNamespace(eos_token_ids=(EOS,), vocab_size=128, max_position_embeddings=None, sliding_window=None)
+    e = LLMEngine(EngineConfig.from_kwargs(block_size=4, max_model_len=16), clock="virtual",
+                  executor=Bare(model_config=mc))
+    assert e.max_model_len == 16

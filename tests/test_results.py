@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minibatch.results import RequestRecord, capacity, steady_state, steady_window, summarize
+from minibatch.results import RequestRecord, capacity, percentiles, steady_state, steady_window, summarize
 
 
 def _rec(i: float, ttft: float) -> RequestRecord:
@@ -214,3 +214,20 @@ def test_a_summary_with_nothing_completed_is_nan_without_numpy_warnings():
         s = summarize([aborted])
     assert s["completed"] == 0 and s["failed"] == 1
     assert math.isnan(s["ttft_mean"]) and math.isnan(s["e2e_p50"])
+
+
+def test_kv_means_are_weighted_by_step_duration_even_under_a_second():
+    from minibatch.timeline import StepRecord
+
+    # a 0.25 s step with the pool empty, a 0.75 s step with it full: time-weighted 0.75 (unweighted 0.5)
+    steps = [StepRecord(0, 0.0, 0.25, 0.25, 1, 0, 1, 0, 1, 0, 1, 0, 0, 8),
+             StepRecord(1, 0.25, 0.75, 0.75, 1, 0, 1, 0, 1, 0, 1, 0, 8, 8)]
+    s = summarize([], steps)
+    assert s["kv_util_mean"] == pytest.approx(0.75) and s["kv_util_max"] == 1.0
+
+
+def test_percentiles_read_their_values_as_floats():
+    # booleans as 0/1, sorted [0, 0, 1, 1]: the median (index 1.5) is halfway between 0 and 1; p90 (index
+    # 0.9 * 3 = 2.7) lies between two 1s. Numeric strings are read as their numbers, None is left out.
+    assert percentiles([True, False, True, False], ps=(50, 90)) == pytest.approx({50: 0.5, 90: 1.0})
+    assert percentiles(["0.1", "0.3", None], ps=(50,)) == pytest.approx({50: 0.2})
