@@ -391,3 +391,12 @@ def test_a_model_config_without_positions_and_no_executor_limit_takes_the_config
     e = LLMEngine(EngineConfig.from_kwargs(block_size=4, max_model_len=16), clock="virtual",
                   executor=Bare(model_config=mc))
     assert e.max_model_len == 16
+
+
+def test_a_sliding_window_caps_the_model_length():
+    mc = SimpleNamespace(eos_token_ids=(EOS,), vocab_size=128, max_position_embeddings=64, sliding_window=16)
+    e = LLMEngine(EngineConfig.from_kwargs(block_size=4), clock="virtual", executor=Bare(model_config=mc))
+    assert e.max_model_len == 16                          # min(64 positions, a 16-token window)
+    with pytest.raises(ValueError, match=r"max_model_len=32 exceeds what the model supports \(16\)"):
+        LLMEngine(EngineConfig.from_kwargs(block_size=4, max_model_len=32), clock="virtual",
+                  executor=Bare(model_config=mc))
