@@ -400,3 +400,10 @@ def test_a_sliding_window_caps_the_model_length():
     with pytest.raises(ValueError, match=r"max_model_len=32 exceeds what the model supports \(16\)"):
         LLMEngine(EngineConfig.from_kwargs(block_size=4, max_model_len=32), clock="virtual",
                   executor=Bare(model_config=mc))
+
+
+def test_the_resolved_length_limit_reaches_the_config_and_the_scheduler():
+    e = engine()                                          # no configured limit: the model's 64 positions
+    assert e.max_model_len == 64 and e.config.max_model_len == 64 and e.kv.max_model_len == 64
+    rid = e.add_request(list(range(10, 20)), greedy(max_tokens=100))
+    assert e.scheduler.final_len(e.requests[rid]) == 64   # min(10 + 100, 64)
