@@ -407,3 +407,17 @@ def test_the_resolved_length_limit_reaches_the_config_and_the_scheduler():
     assert e.max_model_len == 64 and e.config.max_model_len == 64 and e.kv.max_model_len == 64
     rid = e.add_request(list(range(10, 20)), greedy(max_tokens=100))
     assert e.scheduler.final_len(e.requests[rid]) == 64   # min(10 + 100, 64)
+
+
+def test_output_text_is_decoded_per_token_only_when_streaming_or_stopping_on_text():
+    e = engine(script={"a": ids("abc")}, tokenizer=True)
+    e.add_request([10, 11], greedy(max_tokens=3), request_id="a")
+    e.step()
+    assert e.requests["a"].output_text == ""              # no stop strings, not streaming: decoded at the end
+    drain(e)
+    assert e.requests["a"].output_text == "abc"
+    e = engine(script={"a": ids("abc")}, tokenizer=True)
+    e.stream_text = True                                  # what serving.async_engine sets
+    e.add_request([10, 11], greedy(max_tokens=3), request_id="a")
+    e.step()
+    assert e.requests["a"].output_text == "a"
