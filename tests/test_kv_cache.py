@@ -196,3 +196,21 @@ def test_check_invariants_catches_the_radix_tree_and_the_hash_index_disagreeing(
     kv.pool.blocks[last].block_hash = None                # consistently; the tree still holds it
     with pytest.raises(AssertionError, match=r"^the radix tree and the hash index disagree on the cached blocks$"):
         kv.check_invariants()
+
+
+def test_evictions_are_counted_from_zero():
+    pool = BlockPool(2)
+    assert pool.num_evictions == 0
+    pool.allocate(1)                                      # block 0
+    assert pool.register(0, 111) is True
+    pool.release([0])                                     # free, still cached
+    pool.allocate(2)                                      # takes block 1, then block 0: its prefix is evicted
+    assert pool.num_evictions == 1 and pool.cached == {}
+
+
+def test_bad_kv_manager_settings_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"^unknown kv_allocator 'bogus'; expected one of "):
+        KVCacheManager(num_blocks=4, block_size=4, allocator="bogus")
+    with pytest.raises(ValueError, match=r"^prefix caching needs the paged allocator \(kv_allocator='paged'\)$"):
+        KVCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=True, allocator="contiguous",
+                       max_model_len=16)
