@@ -251,6 +251,24 @@ def test_reject_records_the_request_with_its_error_and_loses_nothing():
     assert text.arrival_time == e.clock.now() and text.request_id != "x"
 
 
+
+def test_reject_keeps_the_given_sampling_params_and_replaces_anything_else():
+    e = engine()
+    sp = greedy(max_tokens=3)
+    assert e.reject([10], sp, "too long", request_id="a").sampling_params is sp
+    r = e.reject([10], {"max_tokens": -1}, "invalid sampling parameter", request_id="b")
+    assert isinstance(r.sampling_params, SamplingParams)
+    assert r.sampling_params.max_tokens == SamplingParams().max_tokens
+
+
+def test_reject_events_carry_the_prompt_length_and_the_error():
+    seen = []
+    e = engine()
+    e.subscribe(lambda ev, t, r, info: seen.append((ev, t, r.request_id, dict(info))))
+    e.reject([10, 11, 12], greedy(), "prompt too long", request_id="x", arrival_time=2.0)
+    assert seen == [("arrival", 2.0, "x", {"prompt_len": 3}),
+                    ("reject", 2.0, "x", {"error": "prompt too long"})]
+
 # -- validation ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("prompt, params, cfg, words", [
     ([], greedy(), {}, "empty prompt"),
@@ -338,3 +356,68 @@ def test_a_failing_request_in_a_batch_is_aborted_alone_and_the_others_step_as_us
     drain(e)
     assert [e.requests[r].output_token_ids for r in ("a", "b")] == [[5, 5], [5, 5]]
     assert e.kv.num_free_blocks == e.kv.num_blocks
+
+
+def test_a_lone_failed_step_records_no_forward_time():
+    e, _ = poisoned_engine({"p"})
+    e.add_request([10, 11, 12], greedy(), request_id="p")
+    e.step()
+    step = e.steps[-1]
+    assert (step.duration, step.forward_time) == (0.0, 0.0)   # the model never ran
+
+
+# -- the length limit, from whatever the executor tells -------------------------------------------
+class Bare:
+    """An executor that says only how many KV blocks it has (and, if given, its max_model_len)."""
+
+    def __init__(self, max_model_len=None, model_config=None):
+        self.num_kv_blocks = 8
+        if max_model_len is not None:
+            self.max_model_len = max_model_len
+        if model_config is not None:
+            self.model_config = model_config
+
+    def execute(self, batch, kv):
+        raise AssertionError("not stepped in these tests")
+
+
+def test_an_executor_without_a_model_config_gives_its_own_max_model_len():
+    e = LLMEngine(EngineConfig.from_kwargs(block_size=4), clock="virtual", executor=Bare(max_model_len=32))
+    assert e.max_model_len == 32 and e.eos_token_ids == () and e.vocab_size is None
+
+
+def test_a_model_config_without_positions_and_no_executor_limit_takes_the_configured_one():
+    mc = SimpleNamespace(eos_token_ids=(EOS,), vocab_size=128, max_position_embeddings=None, sliding_window=None)
+    e = LLMEngine(EngineConfig.from_kwargs(block_size=4, max_model_len=16), clock="virtual",
+                  executor=Bare(model_config=mc))
+    assert e.max_model_len == 16
+
+
+def test_a_sliding_window_caps_the_model_length():
+    mc = SimpleNamespace(eos_token_ids=(EOS,), vocab_size=128, max_position_embeddings=64, sliding_window=16)
+    e = LLMEngine(EngineConfig.from_kwargs(block_size=4), clock="virtual", executor=Bare(model_config=mc))
+    assert e.max_model_len == 16                          # min(64 positions, a 16-token window)
+    with pytest.raises(ValueError, match=r"max_model_len=32 exceeds what the model supports \(16\)"):
+        LLMEngine(EngineConfig.from_kwargs(block_size=4, max_model_len=32), clock="virtual",
+                  executor=Bare(model_config=mc))
+
+
+def test_the_resolved_length_limit_reaches_the_config_and_the_scheduler():
+    e = engine()                                          # no configured limit: the model's 64 positions
+    assert e.max_model_len == 64 and e.config.max_model_len == 64 and e.kv.max_model_len == 64
+    rid = e.add_request(list(range(10, 20)), greedy(max_tokens=100))
+    assert e.scheduler.final_len(e.requests[rid]) == 64   # min(10 + 100, 64)
+
+
+def test_output_text_is_decoded_per_token_only_when_streaming_or_stopping_on_text():
+    e = engine(script={"a": ids("abc")}, tokenizer=True)
+    e.add_request([10, 11], greedy(max_tokens=3), request_id="a")
+    e.step()
+    assert e.requests["a"].output_text == ""              # no stop strings, not streaming: decoded at the end
+    drain(e)
+    assert e.requests["a"].output_text == "abc"
+    e = engine(script={"a": ids("abc")}, tokenizer=True)
+    e.stream_text = True                                  # what serving.async_engine sets
+    e.add_request([10, 11], greedy(max_tokens=3), request_id="a")
+    e.step()
+    assert e.requests["a"].output_text == "a"

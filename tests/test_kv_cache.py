@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from minibatch.config import EngineConfig
 from minibatch.engine import LLMEngine
 from minibatch.executor import StepOutput
-from minibatch.kv_cache import KVCacheManager
+from minibatch.kv_cache import BlockPool, KVCacheManager
 from minibatch.request import Request
 from minibatch.sampling_params import SamplingParams
 
@@ -125,3 +125,92 @@ def test_full_prompt_hit_still_computes_one_token():
     kv.cache_full_blocks(a)
     hits, n = kv.get_computed_blocks(_req("b", list(range(8))))
     assert n == 4 and len(hits) == 1               # the last block is recomputed for its logits
+
+
+# -- the pool's own answers, on hand-made pools ------------------------------------------------------
+def test_first_fit_starts_a_run_at_the_lowest_free_block_not_at_zero():
+    pool = BlockPool(4)
+    assert pool.allocate_contiguous(1) == [0]             # free: 1, 2, 3
+    assert pool.find_contiguous(2) == 1 and pool.find_contiguous(3) == 1
+    assert pool.find_contiguous(4) is None
+
+
+def test_a_full_pool_has_no_free_run():
+    pool = BlockPool(3)
+    pool.allocate(3)
+    assert pool.longest_free_run() == 0 and pool.find_contiguous(1) is None
+
+
+def test_register_says_whether_the_block_was_cached():
+    pool = BlockPool(4)
+    assert pool.register(0, 111) is True and pool.cached == {111: 0}
+    assert pool.register(0, 222) is False                 # block 0 already holds a cached prefix
+    assert pool.register(1, 111) is False                 # that prefix is cached, under block 0
+    assert pool.register(2, 333, parent_hash=999) is False   # its parent prefix is not cached
+    assert pool.register(1, 444, parent_hash=111) is True
+    assert pool.cached == {111: 0, 444: 1}
+    assert [pool.blocks[b].block_hash for b in range(4)] == [111, 444, None, None]
+
+
+def test_cached_prefix_len_leaves_the_last_token_to_compute():
+    kv = KVCacheManager(num_blocks=6, block_size=4, enable_prefix_caching=True)
+    a = _req("a", list(range(8)))
+    kv.allocate_slots(a, 8)
+    a.num_computed_tokens = 8
+    kv.cache_full_blocks(a)                               # blocks of [0..3] and [4..7] cached
+    # the same 8 tokens: (8 - 1) // 4 = 1 block may be served, the second is recomputed
+    assert kv.cached_prefix_len(_req("b", list(range(8)))) == 4
+    assert kv.cached_prefix_len(_req("c", list(range(9)))) == 8      # (9 - 1) // 4 = 2 blocks
+    assert kv.cached_prefix_len(_req("d", [0, 1, 2, 9, 4])) == 0     # the first block differs
+
+
+def test_cached_prefix_len_without_prefix_caching_is_zero():
+    kv = KVCacheManager(num_blocks=6, block_size=4)
+    a = _req("a", list(range(8)))
+    kv.allocate_slots(a, 8)
+    a.num_computed_tokens = 8
+    kv.cache_full_blocks(a)
+    assert kv.cached_prefix_len(_req("b", list(range(9)))) == 0
+
+
+def test_check_invariants_catches_a_block_held_twice_by_one_request():
+    kv = KVCacheManager(num_blocks=6, block_size=4)
+    a = _req("a", list(range(4)))
+    kv.allocate_slots(a, 4)
+    b = kv.block_table("a")[0]
+    kv.req_blocks["a"].append(b)                          # the table lists b twice...
+    kv.pool.blocks[b].ref_cnt = 2                         # ...and its count agrees, so only this check sees it
+    with pytest.raises(AssertionError, match=r"^a request holds the same block twice$"):
+        kv.check_invariants()
+
+
+def test_check_invariants_catches_the_radix_tree_and_the_hash_index_disagreeing():
+    kv = KVCacheManager(num_blocks=6, block_size=4, enable_prefix_caching=True)
+    a = _req("a", list(range(8)))
+    kv.allocate_slots(a, 8)
+    a.num_computed_tokens = 8
+    kv.cache_full_blocks(a)
+    kv.check_invariants()
+    last = kv.block_table("a")[1]
+    del kv.pool.cached[kv.pool.blocks[last].block_hash]   # the hash index forgets the second block,
+    kv.pool.blocks[last].block_hash = None                # consistently; the tree still holds it
+    with pytest.raises(AssertionError, match=r"^the radix tree and the hash index disagree on the cached blocks$"):
+        kv.check_invariants()
+
+
+def test_evictions_are_counted_from_zero():
+    pool = BlockPool(2)
+    assert pool.num_evictions == 0
+    pool.allocate(1)                                      # block 0
+    assert pool.register(0, 111) is True
+    pool.release([0])                                     # free, still cached
+    pool.allocate(2)                                      # takes block 1, then block 0: its prefix is evicted
+    assert pool.num_evictions == 1 and pool.cached == {}
+
+
+def test_bad_kv_manager_settings_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"^unknown kv_allocator 'bogus'; expected one of "):
+        KVCacheManager(num_blocks=4, block_size=4, allocator="bogus")
+    with pytest.raises(ValueError, match=r"^prefix caching needs the paged allocator \(kv_allocator='paged'\)$"):
+        KVCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=True, allocator="contiguous",
+                       max_model_len=16)

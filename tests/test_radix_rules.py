@@ -136,3 +136,9 @@ def test_check_catches_a_child_without_blocks():
     head.children[()] = empty
     with pytest.raises(AssertionError):
         t.check()
+
+
+def test_a_second_block_for_a_cached_prefix_is_refused_with_exactly_that_message():
+    t = one_edge()
+    with pytest.raises(ValueError, match=r"^that prefix is already cached under another block$"):
+        t.add(None, (1, 2), 99)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minibatch.results import RequestRecord, capacity, steady_state, steady_window, summarize
+from minibatch.results import RequestRecord, capacity, percentiles, steady_state, steady_window, summarize
 
 
 def _rec(i: float, ttft: float) -> RequestRecord:
@@ -134,3 +134,100 @@ def test_capacity_defaults_and_edges_of_the_bisection():
     for lo, hi in ((0.0, 1.0), (1.0, 1.0), (-1.0, 2.0)):
         with pytest.raises(ValueError, match=r"need 0 < lo < hi, got lo="):
             capacity(knee(1.0), lo=lo, hi=hi)
+
+
+def test_steady_window_trims_a_share_of_the_span_away_from_zero():
+    # arrivals 10, 15, 20: span 10, trim 0.1 cuts 1.0 at each end -> (11.0, 19.0). With the
+    # first arrival away from 0, (t1 - t0) = 10 and (t1 + t0) = 30 give different windows.
+    recs = [_rec(t, 0.5) for t in (10.0, 15.0, 20.0)]
+    assert steady_window(recs, 0.1) == pytest.approx((11.0, 19.0))
+    assert steady_window(recs, 0.25) == pytest.approx((12.5, 17.5))
+    assert steady_window(recs, 0.0) == (10.0, 20.0)
+
+
+def test_steady_window_of_no_records_is_empty_at_zero():
+    assert steady_window([], 0.1) == (0.0, 0.0)
+    s = summarize([], trim=0.1)
+    assert s["window_s"] == 0.0 and s["num_requests"] == 0
+
+
+@pytest.mark.parametrize("trim", [-0.1, 0.5, 0.7])
+def test_steady_window_refuses_a_trim_outside_its_range_by_name(trim):
+    with pytest.raises(ValueError, match=r"^trim must be in \[0, 0\.5\), got "):
+        steady_window([_rec(0.0, 0.5)], trim)
+
+
+def _at(rid, arrival, prompt_len, token_times):
+    """A completed request whose tokens came at ``token_times``; it finished with its last token."""
+    return RequestRecord(rid, arrival, prompt_len, len(token_times), first_scheduled_time=arrival,
+                         first_token_time=token_times[0], finish_time=token_times[-1],
+                         token_times=list(token_times), finish_reason="length")
+
+
+def test_the_steady_window_includes_both_its_ends():
+    from minibatch.timeline import StepRecord
+
+    # arrivals 0..8, trim 0.25: the window is [2.0, 6.0] exactly (0.25 * 8 = 2 in binary floats)
+    recs = [_at("a", 0.0, 10, [2.0, 3.0]),     # first token at t0, finishes inside
+            _at("b", 8.0, 20, [8.5, 9.0]),     # everything after the window
+            _at("c", 4.0, 30, [6.0]),          # first and only token, and its finish, at t1
+            _at("d", 1.0, 40, [1.5, 2.0])]     # first token before t0, its last token and finish at t0
+    steps = [StepRecord(i, t, 0.5, 0.5, 1, 0, 1, 0, 1, 0, 1, 0, 1, 8)
+             for i, t in enumerate((1.0, 2.0, 6.0, 7.0))]
+    s = summarize(recs, steps, trim=0.25)
+    assert s["window_s"] == 4.0
+    assert s["num_steps"] == 2                                  # the steps starting at 2.0 and at 6.0
+    # finished in [2, 6]: a (3.0), c (6.0), d (2.0)
+    assert s["request_throughput"] == pytest.approx(3 / 4.0)
+    # tokens in [2, 6]: a's 2.0 and 3.0, c's 6.0, d's 2.0
+    assert s["throughput_tok_s"] == pytest.approx(4 / 4.0)
+    # prompts counted with their first token in [2, 6]: a (10 tokens, at 2.0) and c (30, at 6.0)
+    assert s["total_throughput_tok_s"] == pytest.approx((4 + 10 + 30) / 4.0)
+
+
+def test_a_steady_window_of_no_width_has_no_throughput():
+    recs = [_at("a", 1.0, 10, [1.5, 2.0]), _at("b", 1.0, 10, [1.6])]    # one arrival time: window [1, 1]
+    s = summarize(recs, slo={"ttft": 1.0}, trim=0.1)
+    assert s["window_s"] == 0.0 and s["num_requests"] == 2
+    assert (s["request_throughput"], s["throughput_tok_s"], s["total_throughput_tok_s"]) == (0.0, 0.0, 0.0)
+    assert s["goodput"] == 0.0 and s["slo_attainment"] == 1.0
+
+
+def test_a_steady_window_shorter_than_a_second_still_counts_per_second():
+    # arrivals 0, 0.5, 1, trim 0.25: the window is [0.25, 0.75], 0.5 s wide
+    recs = [_at("a", 0.0, 10, [0.5]), _at("c", 0.5, 20, [0.6]), _at("b", 1.0, 40, [1.5])]
+    s = summarize(recs, slo={"ttft": 1.0}, trim=0.25)
+    assert s["window_s"] == 0.5
+    assert s["request_throughput"] == pytest.approx(2 / 0.5)          # a and c finished inside
+    assert s["throughput_tok_s"] == pytest.approx(2 / 0.5)            # their one token each
+    assert s["total_throughput_tok_s"] == pytest.approx((2 + 10 + 20) / 0.5)
+    assert s["goodput"] == pytest.approx(2 / 0.5)                     # both met ttft <= 1 s
+
+
+def test_a_summary_with_nothing_completed_is_nan_without_numpy_warnings():
+    import math
+    import warnings
+
+    aborted = RequestRecord("x", 0.0, 8, 0, finish_time=1.0, finish_reason="abort")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                          # numpy's "Mean of empty slice" would raise
+        s = summarize([aborted])
+    assert s["completed"] == 0 and s["failed"] == 1
+    assert math.isnan(s["ttft_mean"]) and math.isnan(s["e2e_p50"])
+
+
+def test_kv_means_are_weighted_by_step_duration_even_under_a_second():
+    from minibatch.timeline import StepRecord
+
+    # a 0.25 s step with the pool empty, a 0.75 s step with it full: time-weighted 0.75 (unweighted 0.5)
+    steps = [StepRecord(0, 0.0, 0.25, 0.25, 1, 0, 1, 0, 1, 0, 1, 0, 0, 8),
+             StepRecord(1, 0.25, 0.75, 0.75, 1, 0, 1, 0, 1, 0, 1, 0, 8, 8)]
+    s = summarize([], steps)
+    assert s["kv_util_mean"] == pytest.approx(0.75) and s["kv_util_max"] == 1.0
+
+
+def test_percentiles_read_their_values_as_floats():
+    # booleans as 0/1, sorted [0, 0, 1, 1]: the median (index 1.5) is halfway between 0 and 1; p90 (index
+    # 0.9 * 3 = 2.7) lies between two 1s. Numeric strings are read as their numbers, None is left out.
+    assert percentiles([True, False, True, False], ps=(50, 90)) == pytest.approx({50: 0.5, 90: 1.0})
+    assert percentiles(["0.1", "0.3", None], ps=(50,)) == pytest.approx({50: 0.2})
