@@ -406,7 +406,8 @@ def test_run_result_to_json_content():
     assert "token_times" not in a and "output_token_ids" not in a
     assert a == {"request_id": "a", "arrival_time": 0.0, "prompt_len": 4, "output_len": 2, "priority": 0,
                  "tenant": None, "first_scheduled_time": 0.0, "first_token_time": 0.5, "finish_time": 1.0,
-                 "num_preemptions": 0, "num_cached_tokens": 0, "finish_reason": "length", "error": None}
+                 "num_preemptions": 0, "num_cached_tokens": 0, "finish_reason": "length", "error": None,
+                 "replica": None, "model": None}
     assert b["finish_reason"] == "rejected" and b["error"] == "too long"
     assert "goodput" not in json.loads(r.to_json())["summary"]
 
