@@ -113,3 +113,56 @@ def test_decode_gpu_cuda_graph():
         expected = paged_decode_attention_ref(q.float(), case.k_cache.float(), case.v_cache.float(),
                                               case.block_tables.clamp_min(0), case.context_lens)
         _close(out, expected, torch.bfloat16)
+
+
+def test_sampling_a_cuda_batch_stays_on_the_gpu_and_follows_top_k_and_top_p():
+    """Temperature, top-k, top-p and the inverse-CDF draw on CUDA logits (every tensor the
+    sampler makes must be on the logits' device; tests/mutants/sampler.md, CUDA only)."""
+    from minibatch.request import Request
+    from minibatch.sampler import draw_inverse_cdf, sample
+    from minibatch.sampling_params import SamplingParams
+
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0]] * 64, device="cuda")
+    reqs = [Request(str(i), [1], SamplingParams(temperature=0.7, top_k=3, top_p=0.9, seed=i), 0.0)
+            for i in range(64)]
+    draws = sample(logits, reqs)
+    # top_k 3 keeps tokens 0-2; at temperature 0.7 their masses are about 0.77, 0.18, 0.04, and
+    # top_p 0.9 then keeps 0 and 1 (0.77 < 0.9 <= 0.96): only those two can be drawn.
+    assert set(draws) <= {0, 1} and all(isinstance(t, int) for t in draws)
+    assert draws.count(0) > draws.count(1)
+    probs = torch.softmax(logits[:2], -1)
+    u = torch.rand(2, 1, device="cuda", dtype=torch.float64)
+    assert draw_inverse_cdf(probs, u).device.type == "cuda"
+
+
+def test_swap_on_cuda_moves_kv_to_host_and_back_with_the_same_greedy_output(checkpoints):
+    """Swap preemption with CUDA KV tensors (tests/mutants/swap.md, CUDA only): the saved
+    copies are host tensors and swapped requests resume with identical greedy output."""
+    from conftest import drive, hf_greedy          # tests/conftest.py, loaded by pytest before this package
+
+    from minibatch import EngineConfig, LLMEngine, SamplingParams
+
+    path, hf_model = checkpoints["qwen2-mqa"]
+    prompts = [[(i * 11 + j) % 250 + 3 for j in range(20 + 5 * i)] for i in range(4)]
+    expected = [hf_greedy(hf_model, p, 10) for p in prompts]
+    engine = LLMEngine(EngineConfig.from_kwargs(model=str(path), num_kv_blocks=10, block_size=8, device="cuda",
+                                                preemption_mode="swap", policy="priority"), clock="virtual")
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    ids, host_devices = [], set()
+    swapper = engine.scheduler.swapper
+    original = swapper.swap_out
+
+    def spy(*a, **kw):
+        out = original(*a, **kw)
+        for _, data in swapper.saved.values():            # request id -> (blocks, [(K, V) per layer])
+            host_devices.update(t.device.type for kv in data or [] for t in kv)
+        return out
+
+    swapper.swap_out = spy
+    for i, p in enumerate(prompts):
+        ids.append(engine.add_request(p, params, priority=len(prompts) - i))
+        engine.step()
+    drive(engine, limit=1000)
+    assert swapper.num_swapped_in > 0
+    assert [engine.output(i).outputs[0].token_ids for i in ids] == expected
+    assert host_devices <= {"cpu"}, f"swapped KV copies must be host tensors, found {host_devices}"
