@@ -553,7 +553,7 @@ print("torch backend, greedy:", torch_outputs)
 # 所以你的 `decode_grouped` 在每层启动 `num_seqs × {{mc.num_kv_heads}}` 个程序；
 # {{len(PROMPTS)}} 条提示各生成 {{GREEDY.max_tokens}} 个 Token。
 
-# %% tags=["check:4"]
+# %% tags=["check:4", "needs:3"]
 # Unit check first: slots anywhere in the pool, -1 skipped, non-contiguous key/value (as in the engine).
 gen = torch.Generator().manual_seed(4)
 shape = (10, BLOCK_SIZE, 2, HEAD_DIM)
@@ -957,7 +957,7 @@ def check_partition_choice(cases, what):
         worst = max(worst, ratio)
     return choices, worst
 
-# %% tags=["check:6", "needs:5"]
+# %% tags=["check:6", "needs:5", "nbval-ignore-output"]
 choices, worst = check_partition_choice(SHOWN_CASES, "")
 for case, p in zip(SHOWN_CASES, choices):
     print(f"{str(case):>24}: your partition {p}, best {best_partition(*case)}")
