@@ -156,6 +156,54 @@ def choose_config() -> dict:
 ''', says="is below the pass mark"),
 ]
 
+# -- L05 · Triton paged decode ---------------------------------------------------------
+def l05(cell: str, old: str, new: str) -> str:
+    """The key's solution of ``cell`` with ``old`` (found once) replaced by ``new``."""
+    src = reference("L05", cell)
+    assert src.count(old) == 1, old
+    return src.replace(old, new)
+
+
+L05_RULE = """\
+def choose_partition(batch: int, num_kv_heads: int, context: int) -> int:
+    \"\"\"Split-KV partition size (tokens, a multiple of 16) for a decode batch on an H100.\"\"\"
+    %s
+"""
+
+MISTAKES += [
+    Mistake("L05", "scale-1-over-d", 2, "task-2", l05(
+        "task-2", "s = tl.sum(k * q[None, :], axis=1) * scale",
+        "s = tl.sum(k * q[None, :], axis=1) / HEAD_DIM          # 1/d"),
+        says="GQA, group 2, lens [1, 8, 13, 40]: Tensor-likes are not close"),
+    Mistake("L05", "acc-not-rescaled", 2, "task-2", l05(
+        "task-2", "acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)", "acc = acc + tl.sum(p[:, None] * v, axis=0)"),
+        says="GQA, group 2, lens [1, 8, 13, 40]: Tensor-likes are not close"),
+    # The engine's cache holds zeros or stale numbers past a context, never NaN: only this lab's
+    # NaN-filled caches show the missing mask.
+    Mistake("L05", "tokens-past-the-end-not-masked", 2, "task-2", l05(
+        "task-2", "mask = mask_t[:, None] & mask_d[None, :]",
+        "mask = mask_d[None, :]                   # the scores of the tokens past the end are -inf anyway"),
+        says="GQA, group 2: NaN for the sequences of length [1, 13]"),
+    # Query head h on KV head h % num_kv_heads (interleaved) instead of h // GROUP (vLLM's, HF's repeat_kv).
+    Mistake("L05", "group-is-head-mod-num-kv-heads", 3, "task-3", l05(
+        "task-3", "heads = kv_head * GROUP + offs_g", "heads = kv_head + offs_g * tl.num_programs(1)"),
+        says="GQA, group 2, lens [1, 8, 13, 40]: Tensor-likes are not close"),
+    Mistake("L05", "merge-without-the-max-shift", 5, "task-5", l05(
+        "task-5", "w = torch.exp(part_m - big_m)                       # 0 for the empty partitions",
+        "w = (part_m > float(\"-inf\")).float()            # every non-empty partition counts once"),
+        says="GQA, group 2, partition_size 4, lens"),
+    Mistake("L05", "always-the-largest-partition", 6, "task-6", L05_RULE % "return 32768             # never split: one program per (sequence, KV head)",
+            says="expected within 1.10x"),
+    Mistake("L05", "engine-default-512", 6, "task-6", L05_RULE % "return 512               # vLLM's _PARTITION_SIZE",
+            says="expected within 1.10x"),
+    Mistake("L05", "enumerates-the-model", 6, "task-6", L05_RULE % "return min(PARTITION_CANDIDATES, key=lambda p: split_decode_time(batch, num_kv_heads, context, p))",
+            says="must not call split_decode_time"),
+    # Right on every shown case (all Llama-3-8B, 8 KV heads); the hidden cases vary num_kv_heads.
+    Mistake("L05", "assumes-8-kv-heads", 6, "task-6", l05(
+        "task-6", "waves = -(-batch * num_kv_heads * parts // NUM_SMS)", "waves = -(-batch * 8 * parts // NUM_SMS)"),
+        says="hidden: (batch, KV heads, context)", hidden_only=True),
+]
+
 # -- L07 · preemption -------------------------------------------------------------------
 L07_VICTIM = '''\
 def pick_victim(running: list[Request], order: list[Request], pos: int, preempted: set[str],
@@ -349,7 +397,7 @@ def test_the_cases_start_from_the_reference_solutions():
 
 
 def test_each_lab_has_mistakes_and_one_only_hidden_checks_catch():
-    for lab in ("L06", "L07", "L08"):
+    for lab in ("L05", "L06", "L07", "L08"):
         cases = [c for c in MISTAKES if c.lab == lab]
         assert len(cases) >= 2 and any(c.hidden_only for c in cases), lab
     assert len({str(c) for c in MISTAKES}) == len(MISTAKES)

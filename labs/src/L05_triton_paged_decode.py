@@ -51,6 +51,7 @@ import minibatch.kernels as mb_kernels
 from minibatch import LLM, SamplingParams
 from minibatch.kernels.reference import gather_kv, paged_decode_attention_ref, store_kv_ref
 from minibatch.kernels.triton_decode import DEFAULT_PARTITION_SIZE, choose_split
+from minibatch.sim.hardware import get_hardware
 from minibatch.sim.model_specs import get_model_spec
 
 torch.set_num_threads(1)
@@ -552,7 +553,7 @@ print("torch backend, greedy:", torch_outputs)
 # 所以你的 `decode_grouped` 在每层启动 `num_seqs × {{mc.num_kv_heads}}` 个程序；
 # {{len(PROMPTS)}} 条提示各生成 {{GREEDY.max_tokens}} 个 Token。
 
-# %% tags=["check:4"]
+# %% tags=["check:4", "needs:3"]
 # Unit check first: slots anywhere in the pool, -1 skipped, non-contiguous key/value (as in the engine).
 gen = torch.Generator().manual_seed(4)
 shape = (10, BLOCK_SIZE, 2, HEAD_DIM)
@@ -790,6 +791,189 @@ seq_counts, ctx_lens = [1, 4, 16, 64], [256, 1024, 4096, 16384]
 print("num_seqs \\ max_seq_len " + "".join(f"{n:>8}" for n in ctx_lens))
 for s in seq_counts:
     print(f"{s:>22} " + "".join(f"{'v2' if vllm_v0_11_uses_v2(s, n, spec.num_heads) else 'v1':>8}" for n in ctx_lens))
+
+# %% [markdown]
+# ## 5. 读字节的模型，和 GPU 上实际跑到的带宽
+#
+# 第 3 节算过：Llama-3-8B 每个上下文 Token 每层、每个 KV 头要读 $2 \cdot d \cdot 2$ = {{2 * spec.head_dim * 2}} 字节（K 与 V，bf16）。
+# 解码注意力是访存受限的，所以一个好的内核的耗时应当接近“读的字节 ÷ 显存带宽”。下一个单元格只在有 GPU 时运行：
+# 它在**子进程**里（不设 `TRITON_INTERPRET`，内核真正编译到 GPU 上）计时引擎自己的内核
+# `minibatch.kernels.triton_decode.paged_decode_attention`，形状取 Llama-3-8B 的一层（bf16、块大小 16），
+# 打印实际达到的 GB/s 与按字节模型的预期；没有 GPU 时只打印一句说明，不运行（本 Notebook 的其余部分都在解释器里）。
+
+# %% tags=["nbval-ignore-output"]
+GPU_BENCH = r'''
+import json, sys, torch
+from minibatch.kernels.triton_decode import paged_decode_attention
+batch, ctx, heads, kv_heads, d, bs = json.loads(sys.argv[1])
+dev, dt = "cuda", torch.bfloat16
+blocks = batch * ctx // bs
+k = torch.randn(blocks, bs, kv_heads, d, device=dev, dtype=dt)
+v = torch.randn_like(k)
+q = torch.randn(batch, heads, d, device=dev, dtype=dt)
+tables = torch.randperm(blocks, device=dev, dtype=torch.int32).view(batch, ctx // bs)
+lens = torch.full((batch,), ctx, device=dev, dtype=torch.int32)
+for _ in range(3):
+    paged_decode_attention(q, k, v, tables, lens)
+start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+torch.cuda.synchronize()
+start.record()
+for _ in range(20):
+    paged_decode_attention(q, k, v, tables, lens)
+end.record()
+torch.cuda.synchronize()
+print(json.dumps({"s": start.elapsed_time(end) / 20 / 1e3, "gpu": torch.cuda.get_device_name()}))
+'''
+
+if torch.cuda.is_available():
+    import json, subprocess, sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}      # compiled, not interpreted
+    for batch, ctx in [(16, 4096), (1, 32768)]:
+        shape = [batch, ctx, spec.num_heads, spec.num_kv_heads, spec.head_dim, 16]
+        run = subprocess.run([sys.executable, "-c", GPU_BENCH, json.dumps(shape)], env=env, capture_output=True,
+                             text=True, timeout=300)
+        if run.returncode != 0:
+            print(f"batch {batch}, context {ctx}: the benchmark failed:\n{run.stderr[-2000:]}")
+            continue
+        res = json.loads(run.stdout.strip().splitlines()[-1])
+        moved = batch * ctx * spec.num_kv_heads * 2 * spec.head_dim * 2             # K and V, bf16, one layer
+        hw = get_hardware("h200" if "H200" in res["gpu"] else "h100")                # the model's bandwidth
+        print(f"{res['gpu']}: batch {batch}, context {ctx}: {res['s'] * 1e6:.1f} us, {moved / 2**20:.0f} MiB read "
+              f"-> {moved / res['s'] / 1e9:.0f} GB/s achieved; the bytes-moved model ({hw.name}, "
+              f"{hw.effective_bandwidth / 1e9:.0f} GB/s): {moved / hw.effective_bandwidth * 1e6:.1f} us, "
+              f"so {moved / res['s'] / hw.effective_bandwidth:.0%} of it")
+else:
+    print("no GPU (torch.cuda.is_available() is False): the compiled-kernel bandwidth benchmark was not run")
+
+# %%
+H100 = get_hardware("h100")
+NUM_SMS = 132                          # H100 SXM5 (NVIDIA H100 Tensor Core GPU Architecture whitepaper)
+KV_BYTES_PER_TOKEN = 2 * spec.head_dim * 2          # K and V of one KV head, bf16
+T_PROGRAM = 1e-6                       # fixed cost of one program (load q and its block table, write out)
+T_REDUCE_LAUNCH = 4e-6                 # the second (reduce) kernel's launch
+PARTITION_CANDIDATES = [16 * 2**i for i in range(12)]      # 16 .. 32768 tokens
+TOLERANCE = 0.10
+SHOWN_CASES = [(1, 8, 32768), (4, 8, 8192), (16, 8, 4096), (64, 8, 2048), (1, 8, 1024), (2, 8, 100_000)]
+
+
+def split_decode_time(batch, num_kv_heads, context, partition):
+    """Modelled seconds of one layer's split-KV decode attention on an H100 (see the text above)."""
+    group = spec.num_heads // spec.num_kv_heads
+    longest = min(partition, context)
+    parts = -(-context // partition)
+    programs = batch * num_kv_heads * parts
+    waves = -(-programs // NUM_SMS)
+    per_sm = H100.effective_bandwidth / NUM_SMS
+    t = waves * (T_PROGRAM + longest * KV_BYTES_PER_TOKEN / per_sm)
+    if parts > 1:
+        partial_bytes = batch * num_kv_heads * group * parts * (spec.head_dim + 2) * 4
+        t += T_REDUCE_LAUNCH + 2 * partial_bytes / H100.effective_bandwidth
+    return t
+
+
+def best_partition(batch, num_kv_heads, context):
+    return min(PARTITION_CANDIDATES, key=lambda p: split_decode_time(batch, num_kv_heads, context, p))
+
+
+print("batch, KV heads, context | best partition | us: best, 512 (engine default), no split")
+for case in SHOWN_CASES:
+    b = best_partition(*case)
+    t = [split_decode_time(*case, p) * 1e6 for p in (b, 512, max(case[2], PARTITION_CANDIDATES[-1]))]
+    print(f"{str(case):>24} | {b:>14} | {t[0]:7.1f} {t[1]:7.1f} {t[2]:7.1f}")
+
+# %% [markdown]
+# ## 任务 6 · 开放任务：给一个解码批选分区大小（choose_partition）
+#
+# 引擎的 `choose_split` 只决定“拆不拆”，分区大小固定为 {{DEFAULT_PARTITION_SIZE}}。但最好的分区大小取决于批：
+# 程序太少，SM 闲着；分区太小，程序太多、每个程序的固定开销与合并的代价占了上风；而且 SM 是按**波次**（Wave）执行程序的——
+# {{NUM_SMS}} 个 SM 上有 {{NUM_SMS + 1}} 个程序，最后一个程序要单独再跑一波。
+#
+# 下面的 `split_decode_time` 是一个 H100 上的简化模型（参数都写在单元格里，你可以改它们做实验，但评分用的是答案里的这一份）：
+#
+# - **{{NUM_SMS}} 个 SM**：H100 SXM5 的 SM 数（NVIDIA *H100 Tensor Core GPU Architecture* 白皮书：完整的 GH100 有 144 个 SM，
+#   SXM5 版的 H100 启用 132 个）；显存带宽取 `minibatch.sim.hardware` 里 h100 的可达带宽 {{H100.effective_bandwidth / 1e12:.2f}} TB/s
+#   （数据手册 3.35 TB/s × {{H100.bandwidth_efficiency}}），每个 SM 分到其中的 1/{{NUM_SMS}}；
+# - 每个程序读自己分区的 K/V（每 Token {{KV_BYTES_PER_TOKEN}} 字节，一个 KV 头），另加 {{T_PROGRAM * 1e6:g}} µs 的固定开销；
+#   程序按波次执行，一波最多 {{NUM_SMS}} 个，每波的时间是其中最长的程序；
+# - 分区多于 1 个时，另有一次归约：启动 {{T_REDUCE_LAUNCH * 1e6:g}} µs，加上把部分结果 $(m, l, \text{acc})$（fp32）写出再读回的字节。
+#
+# 写 `choose_partition(batch, num_kv_heads, context)`：批里有 `batch` 条长 `context` 的序列（Llama-3-8B 的一层：
+# 每个 KV 头 {{spec.num_heads // spec.num_kv_heads}} 个查询头、head_dim {{spec.head_dim}}），返回分区大小（Token 数）。
+#
+# **评分规则**：返回值必须是 {{VLLM["block_size"]}} 的正整数倍（vLLM 在 CUDA 上的块大小，分区须是整块）；在下面列出的情形和隐藏的
+# 随机情形上，按 `split_decode_time` 你的选择的耗时都不超过候选 `PARTITION_CANDIDATES`（{{PARTITION_CANDIDATES[0]}} 到
+# {{PARTITION_CANDIDATES[-1]}} 的 2 的幂）中最好者的 **{{1 + TOLERANCE:.2f}} 倍**。
+# 你的函数**不许调用** `split_decode_time`（检查时它会报错）：要你自己从模型推出一条规则，而不是枚举它。
+# 最后，检查单元格用你在一个小批上的选择，在解释器里跑你任务 5 的 Split-KV 内核，输出必须正确。
+
+# %% tags=["task:6"]
+def choose_partition(batch: int, num_kv_heads: int, context: int) -> int:
+    """Split-KV partition size (tokens, a multiple of 16) for a decode batch on an H100."""
+    ### BEGIN SOLUTION
+    # A program's time is (fixed cost + its tokens / one SM's bandwidth); programs run in waves of NUM_SMS.
+    # In tokens of one SM's reading: minimise waves * (fixed + partition) + the reduce if split.
+    tokens_per_s = H100.effective_bandwidth / NUM_SMS / KV_BYTES_PER_TOKEN
+
+    def cost(p):
+        parts = -(-context // p)
+        waves = -(-batch * num_kv_heads * parts // NUM_SMS)
+        return waves * (T_PROGRAM * tokens_per_s + min(p, context)) + (parts > 1) * T_REDUCE_LAUNCH * tokens_per_s
+
+    return min(PARTITION_CANDIDATES, key=cost)
+    ### END SOLUTION
+
+# %% [markdown]
+# <details><summary>提示</summary>
+#
+# - 先只看一波：`batch × num_kv_heads` 个（序列，KV 头）对，每对切成 `parts` 个分区，程序数是它们的乘积；
+#   程序数不到 {{NUM_SMS}} 时，分区越小越快（每个 SM 读得越少）；
+# - 再看波次：一个程序读 `P` 个 Token，`w` 波的耗时大约是 `w × (固定开销 + P 个 Token 的读取)`。
+#   把固定开销也折算成“相当于读多少个 Token”，比较各个候选的 `w × (开销 + P)` 即可；
+# - “让程序数刚好填满一波”再向上取到 2 的幂，在 `batch × num_kv_heads` 整除 {{NUM_SMS}} 时很好，否则可能差出一倍：
+#   多跑几波、每波更短，往往更接近理想的“总字节 ÷ 总带宽”；
+# - 合并的代价只在分区多于 1 个时才有；上下文不超过分区时就是不拆分（vLLM 的 v1）。
+# </details>
+
+# %%
+def check_partition_choice(cases, what):
+    real = split_decode_time
+    def forbidden(*args, **kwargs):
+        raise AssertionError("choose_partition must not call split_decode_time: derive a rule from the model")
+    globals()["split_decode_time"] = forbidden
+    try:
+        choices = [choose_partition(*case) for case in cases]
+    finally:
+        globals()["split_decode_time"] = real
+    worst = 1.0
+    for case, p in zip(cases, choices):
+        assert isinstance(p, int) and p > 0 and p % VLLM["block_size"] == 0, \
+            f"{what} {case}: choose_partition returned {p!r}, expected a positive multiple of {VLLM['block_size']}"
+        best = best_partition(*case)
+        ratio = split_decode_time(*case, p) / split_decode_time(*case, best)
+        assert ratio <= 1 + TOLERANCE, (
+            f"{what} (batch, KV heads, context) = {case}: partition {p} takes {split_decode_time(*case, p) * 1e6:.1f} us, "
+            f"{ratio:.2f}x the best ({best}: {split_decode_time(*case, best) * 1e6:.1f} us); "
+            f"expected within {1 + TOLERANCE:.2f}x")
+        worst = max(worst, ratio)
+    return choices, worst
+
+# %% tags=["check:6", "needs:5", "nbval-ignore-output"]
+choices, worst = check_partition_choice(SHOWN_CASES, "")
+for case, p in zip(SHOWN_CASES, choices):
+    print(f"{str(case):>24}: your partition {p}, best {best_partition(*case)}")
+print(f"every choice within {1 + TOLERANCE:.2f}x of the best partition")
+small = random_paged(11, [2000, 700], num_heads=8, num_kv_heads=2, block_size=16, spare_blocks=2)
+ps = choose_partition(2, 2, 2000)
+err = check_split(small, ps, "your choice for (batch 2, 2 KV heads, context 2000)")
+assert err < 1e-5
+print(f"and your split-KV kernel (task 5) with your choice for (batch 2, 2 KV heads, context 2000), partition {ps}, "
+      f"is correct in the interpreter: max |error| < 1e-5")
+
+# %% tags=["check:6", "hidden"]
+rng = random.Random(6050)
+hidden_cases = [(rng.randint(1, 256), rng.choice([1, 2, 4, 8]), rng.randint(128, 131072)) for _ in range(40)]
+_, worst = check_partition_choice(hidden_cases, "hidden:")
+print(f"hidden: 40 random batches, every choice within {1 + TOLERANCE:.2f}x of the best")
 
 # %% [markdown]
 # ## 小结
