@@ -12,6 +12,7 @@
 ``md_table(header, rows)`` a Markdown table of numbers computed in the cell
 ``diagrams.*``             drawn diagrams: request pipeline, block tables, a scheduler step
 ``radix_tree(tree)``       a radix tree (the prefix cache's, or any node with ``children``)
+``cluster.*``              a cluster run: load per replica, routing, replicas vs rate, goodput
 =========================  ==========================================================
 
 No function calls ``pyplot``: figures are ``matplotlib.figure.Figure`` objects, which
@@ -19,7 +20,7 @@ Jupyter displays inline and which render in any thread (``fig.savefig``).
 ``EventLog(engine)`` records preemptions so ``gantt`` can draw them exactly.
 """
 
-from minibatch.viz import diagrams
+from minibatch.viz import cluster, diagrams
 from minibatch.viz.compare import compare_bars, latency_throughput, metric_title, summary_table
 from minibatch.viz.events import EventLog
 from minibatch.viz.kv import kv_block_map, kv_snapshot
@@ -30,7 +31,7 @@ from minibatch.viz.tables import markdown_table, md_table
 
 __all__ = ["gantt", "batch_composition", "kv_block_map", "kv_snapshot", "latency_cdf", "timeline",
            "latency_throughput", "compare_bars", "summary_table", "metric_title", "preemption_spans",
-           "EventLog", "figure_png", "md_table", "markdown_table", "diagrams", "radix_tree"]
+           "EventLog", "figure_png", "md_table", "markdown_table", "diagrams", "radix_tree", "cluster"]
 
 
 def figure_png(fig, dpi: int = 80) -> bytes:
