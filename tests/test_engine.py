@@ -421,3 +421,41 @@ def test_output_text_is_decoded_per_token_only_when_streaming_or_stopping_on_tex
     e.add_request([10, 11], greedy(max_tokens=3), request_id="a")
     e.step()
     assert e.requests["a"].output_text == "a"
+
+
+def test_token_finish_and_abort_events_carry_the_token_and_the_reason():
+    e = engine(script={"a": ids("ab"), "b": ids("xyz")})
+    seen = []
+    e.subscribe(lambda ev, t, r, info: seen.append((ev, r.request_id, dict(info))))
+    e.add_request([3, 4], greedy(max_tokens=2), request_id="a")
+    e.add_request([3, 4], greedy(stop_token_ids=[ids("y")[0]]), request_id="b")
+    e.add_request([3, 4], greedy(), request_id="c")
+    e.step()
+    e.abort_request("c")
+    drain(e)
+    tokens = [(rid, info["token"]) for ev, rid, info in seen if ev == "token"]
+    assert [t for rid, t in tokens if rid == "a"] == ids("ab")
+    assert [t for rid, t in tokens if rid == "b"] == ids("xy")            # y is the stop token, emitted then stop
+    ends = {rid: (ev, info["reason"]) for ev, rid, info in seen if ev in ("finish", "abort")}
+    assert ends == {"a": ("finish", "length"), "b": ("finish", "stop"), "c": ("abort", "abort")}
+
+
+class SpecialChars(Chars):
+    """Chars, and EOS decodes to "</s>" unless special tokens are skipped (by default they are
+    not, as in Hugging Face tokenizers' ``decode``)."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        plain = Chars()
+        return "".join(("" if skip_special_tokens else "</s>") if i == EOS else plain.decode([i]) for i in ids)
+
+
+def test_the_final_text_skips_special_tokens_and_the_detokenizer_state_is_dropped():
+    e = engine(script={"a": ids("ab") + [EOS] + ids("c")})
+    e.tokenizer = SpecialChars()
+    e.stream_text = True                                   # incremental detokenizing while the request runs
+    e.add_request([3, 4], greedy(max_tokens=4, ignore_eos=True), request_id="a")
+    drain(e)
+    out = e.output("a")
+    assert out.outputs[0].token_ids == ids("ab") + [EOS] + ids("c")
+    assert out.outputs[0].text == "abc", "the full decode at finish skips special tokens"
+    assert e._detok == {}, "a finished request's incremental detokenizer is dropped"
