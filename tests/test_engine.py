@@ -459,3 +459,13 @@ def test_the_final_text_skips_special_tokens_and_the_detokenizer_state_is_droppe
     assert out.outputs[0].token_ids == ids("ab") + [EOS] + ids("c")
     assert out.outputs[0].text == "abc", "the full decode at finish skips special tokens"
     assert e._detok == {}, "a finished request's incremental detokenizer is dropped"
+
+
+def test_a_stop_token_wins_over_a_stop_string_the_same_token_completes():
+    # "c" is a stop token and also completes the stop string "bc": the token is checked first,
+    # so the request stops on the token (its text kept whole), not on the string (text cut).
+    e = engine(script={"a": ids("abcd")}, tokenizer=True)
+    e.add_request([3, 4], greedy(stop_token_ids=[ids("c")[0]], stop=["bc"]), request_id="a")
+    drain(e)
+    req = e.finished[-1]
+    assert req.stop_reason == ids("c")[0] and req.output_text == "abc"
