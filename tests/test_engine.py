@@ -469,3 +469,11 @@ def test_a_stop_token_wins_over_a_stop_string_the_same_token_completes():
     drain(e)
     req = e.finished[-1]
     assert req.stop_reason == ids("c")[0] and req.output_text == "abc"
+
+
+def test_steps_record_no_swapped_blocks_without_a_swapper():
+    e = engine(script={"a": ids("ab")})                               # recompute preemption: no swapper
+    e.add_request([3, 4, 5], greedy(max_tokens=2), request_id="a")
+    drain(e)
+    assert e.scheduler.swapper is None and e.steps
+    assert all((s.num_swapped_out_blocks, s.num_swapped_in_blocks) == (0, 0) for s in e.steps)

@@ -214,3 +214,14 @@ def test_bad_kv_manager_settings_are_refused_by_name():
     with pytest.raises(ValueError, match=r"^prefix caching needs the paged allocator \(kv_allocator='paged'\)$"):
         KVCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=True, allocator="contiguous",
                        max_model_len=16)
+
+
+def test_waste_slots_skips_a_request_without_blocks_and_counts_the_ones_after_it():
+    kv = KVCacheManager(8, 4)
+    empty = Request("e", [3, 4, 5], SamplingParams(), 0.0)             # waiting: no blocks yet
+    held = Request("h", list(range(3, 9)), SamplingParams(), 0.0)     # 6 tokens, 2 blocks of 4
+    assert kv.allocate_slots(held, 6)
+    held.num_computed_tokens = 5                                      # 5 computed: 2 blocks filled partly
+    # reserved-but-unused: 2 blocks - ceil(5 / 4) = 0 blocks; internal: 2 * 4 - 5 = 3 slots
+    assert kv.waste_slots([held]) == (0, 3)
+    assert kv.waste_slots([empty, held]) == (0, 3)
