@@ -477,3 +477,11 @@ def test_steps_record_no_swapped_blocks_without_a_swapper():
     drain(e)
     assert e.scheduler.swapper is None and e.steps
     assert all((s.num_swapped_out_blocks, s.num_swapped_in_blocks) == (0, 0) for s in e.steps)
+
+
+def test_a_steps_swap_copy_time_is_added_to_its_duration():
+    e = engine(script={"a": ids("ab")}, preemption_mode="swap")
+    e.scheduler.swapper.take_time = lambda: 0.25               # copy seconds pending for this step
+    e.add_request([3, 4, 5], greedy(max_tokens=2), request_id="a")
+    e.step()
+    assert e.clock.now() == STEP_S + 0.25 and e.steps[0].duration == STEP_S + 0.25
