@@ -485,3 +485,26 @@ def test_a_steps_swap_copy_time_is_added_to_its_duration():
     e.add_request([3, 4, 5], greedy(max_tokens=2), request_id="a")
     e.step()
     assert e.clock.now() == STEP_S + 0.25 and e.steps[0].duration == STEP_S + 0.25
+
+
+class FailsRow(Scripted):
+    """Like the sampler's per-row isolation: the step runs, but request ``p``'s row fails."""
+
+    def execute(self, batch, kv):
+        out = super().execute(batch, kv)
+        bad = [r for r, _ in batch.items if r.request_id == "p"]
+        return StepOutput([(r, t) for r, t in out.sampled if r.request_id != "p"], out.duration, out.forward_time,
+                          failed=[(r, "ValueError: bad row") for r in bad])
+
+
+def test_a_failed_rows_tokens_are_not_counted_as_computed_and_steps_are_numbered():
+    e = LLMEngine(EngineConfig.from_kwargs(block_size=4), clock="virtual", executor=FailsRow())
+    for rid in ("p", "a"):
+        e.add_request([10, 11, 12], greedy(max_tokens=2), request_id=rid)
+    e.step()
+    p, a = e.requests["p"], e.requests["a"]
+    assert p.status is RequestStatus.FINISHED_ABORTED and p.error == "engine error in this request's step: ValueError: bad row"
+    assert p.num_computed_tokens == 0, "the failed row's prompt was not computed"
+    assert a.num_computed_tokens == 3 and a.output_token_ids == [5]
+    drain(e)
+    assert [s.step for s in e.steps] == list(range(len(e.steps))) and len(e.steps) == 2
