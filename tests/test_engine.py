@@ -508,3 +508,15 @@ def test_a_failed_rows_tokens_are_not_counted_as_computed_and_steps_are_numbered
     assert a.num_computed_tokens == 3 and a.output_token_ids == [5]
     drain(e)
     assert [s.step for s in e.steps] == list(range(len(e.steps))) and len(e.steps) == 2
+
+
+def test_step_records_durations_and_the_split_of_prefill_and_decode_sequences():
+    e = engine(script={"a": ids("abc"), "b": ids("xy")})
+    e.add_request([3, 4, 5], greedy(max_tokens=3), request_id="a")
+    e.step()                                                   # a's prefill alone
+    e.add_request([6, 7], greedy(max_tokens=2), request_id="b")
+    e.step()                                                   # a decodes, b prefills
+    s0, s1 = e.steps
+    assert (s0.start_time, s0.duration, s1.start_time, s1.duration) == (0.0, STEP_S, STEP_S, STEP_S)
+    assert (s0.num_prefill_seqs, s0.num_decode_seqs) == (1, 0)
+    assert (s1.num_prefill_seqs, s1.num_decode_seqs) == (1, 1)
