@@ -520,3 +520,20 @@ def test_step_records_durations_and_the_split_of_prefill_and_decode_sequences():
     assert (s0.start_time, s0.duration, s1.start_time, s1.duration) == (0.0, STEP_S, STEP_S, STEP_S)
     assert (s0.num_prefill_seqs, s0.num_decode_seqs) == (1, 0)
     assert (s1.num_prefill_seqs, s1.num_decode_seqs) == (1, 1)
+
+
+def test_aborting_a_waiting_request_takes_it_out_and_tells_the_policy():
+    e = engine(script={"a": ids("ab")}, max_num_seqs=1, enable_prefix_caching=True)
+    finished = []
+    e.scheduler.policy.on_finished = finished.append          # a policy hook sees the request itself
+    e.add_request(list(range(3, 13)), greedy(max_tokens=2), request_id="a")   # 2 full blocks hashed
+    e.add_request([3, 4], greedy(max_tokens=2), request_id="w")
+    e.step()                                                   # a runs; w waits (max_num_seqs=1)
+    assert "a" in e.kv.req_hashes
+    w = e.requests["w"]
+    assert w in e.scheduler.waiting and e.abort_request("w")
+    assert w not in e.scheduler.waiting and finished == [w]
+    assert "w" not in e.kv.req_hashes and "w" not in e.kv.req_blocks
+    drain(e)
+    assert [r.request_id for r in finished] == ["w", "a"]
+    assert e.kv.req_hashes == {} and e.kv.req_blocks == {}, "freed requests leave no block table or hashes"

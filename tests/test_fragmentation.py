@@ -126,7 +126,15 @@ def test_engine_records_the_taxonomy():
     kw = dict(executor="sim", model="llama-2-7b", hardware="a10", max_model_len=1024, num_kv_blocks=200)
     paged = run(wl, **kw).summary()
     equal = run(wl, **kw, kv_allocator="contiguous").summary()
-    sized = run(wl, **kw, kv_allocator="contiguous", contiguous_reserve="request").summary()
+    sized_run = run(wl, **kw, kv_allocator="contiguous", contiguous_reserve="request")
+    sized = sized_run.summary()
+    # each step's external fragmentation is whole stranded blocks of free slots, as a fraction of the pool
+    slots, bs = 200 * 16, 16
+    fragmented = [s for s in sized_run.steps if s.kv_external_frag > 0]
+    assert fragmented
+    for s in fragmented:
+        stranded = s.kv_external_frag * slots / bs
+        assert stranded == pytest.approx(round(stranded)) and s.kv_external_frag <= 1 - s.kv_usage + 1e-9
     assert paged["kv_external_frag_mean"] == 0 == equal["kv_external_frag_mean"]
     assert sized["kv_external_frag_mean"] > 0
     assert paged["kv_internal_frag_mean"] < 0.01 < sized["kv_internal_frag_mean"] < equal["kv_internal_frag_mean"]
