@@ -27,6 +27,14 @@ So a load that stays above target from the decision at ``t0`` on scales up at ex
 What minibatch adds (not Ray Serve's): ``metric="queue"`` (waiting requests per replica) and
 ``metric="kv_usage"`` (the fraction of a replica's KV blocks in use; ``target_ongoing_requests``
 is then the target fraction, e.g. 0.7) in place of ongoing requests, through the same rule;
+``metric="slo_attainment"``, a feedback rule on the TTFT SLO (``slo={"ttft": seconds}``): the
+attainment is the fraction of the cluster's requests, over the last ``look_back_period_s``,
+that got their first token within the SLO, counting a request still waiting past the SLO as
+a miss as soon as it is late (a backlog shows before its first tokens do). Below
+``target_attainment`` the decision is one replica more; at or above it, the decision is one
+replica less only where the ongoing-requests rule also asks for fewer (attainment alone
+cannot tell a right-sized cluster from an over-provisioned one); both go through Ray Serve's
+delay counters above.
 ``cold_start_s``, the virtual time a new replica takes before it serves (loading weights):
 routers do not see it before. Scaling down removes replicas that are still starting first
 (newest first, as Ray Serve stops starting replicas before running ones), then drains running
@@ -42,7 +50,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-METRICS = ("ongoing_requests", "queue", "kv_usage")
+METRICS = ("ongoing_requests", "queue", "kv_usage", "slo_attainment")
 
 
 @dataclass
@@ -57,9 +65,12 @@ class Autoscaler:
     metric: str = "ongoing_requests"
     interval_s: float = 0.1
     initial_replicas: int | None = None
+    slo: dict | None = None               # metric="slo_attainment": {"ttft": seconds}
+    target_attainment: float = 0.95
     # state (one run)
     decision_counter: int = field(default=0, init=False, repr=False)
     _samples: dict = field(default_factory=dict, init=False, repr=False)
+    _outcomes: deque = field(default_factory=deque, init=False, repr=False)   # (time, met) of first tokens
 
     def __post_init__(self):
         if self.metric not in METRICS:
@@ -72,6 +83,11 @@ class Autoscaler:
             raise ValueError("target_ongoing_requests, interval_s and look_back_period_s must be > 0")
         if min(self.upscale_delay_s, self.downscale_delay_s, self.cold_start_s) < 0:
             raise ValueError("upscale_delay_s, downscale_delay_s and cold_start_s must be >= 0")
+        if self.metric == "slo_attainment":
+            if not self.slo or "ttft" not in self.slo or self.slo["ttft"] <= 0:
+                raise ValueError('metric="slo_attainment" needs slo={"ttft": seconds > 0}')
+            if not 0 < self.target_attainment <= 1:
+                raise ValueError("target_attainment must lie in (0, 1]")
         if self.initial_replicas is not None and not self.min_replicas <= self.initial_replicas <= self.max_replicas:
             raise ValueError("initial_replicas must lie in [min_replicas, max_replicas]")
 
@@ -83,6 +99,20 @@ class Autoscaler:
     def reset(self) -> None:
         self.decision_counter = 0
         self._samples = {}
+        self._outcomes = deque()
+
+    def record_first_token(self, when: float, ttft: float) -> None:
+        """A request's first token came at ``when``, ``ttft`` after its arrival."""
+        self._outcomes.append((when, ttft <= self.slo["ttft"] + 1e-12))
+
+    def attainment(self, now: float, overdue: int = 0) -> float:
+        """Fraction of first tokens in the look-back window within the SLO; ``overdue`` waiting
+        requests already past it count as misses. 1.0 when there is nothing to judge."""
+        q = self._outcomes
+        while q and q[0][0] <= now - self.look_back_period_s:
+            q.popleft()
+        n = len(q) + overdue
+        return (sum(met for _, met in q) / n) if n else 1.0
 
     def value(self, view) -> float:
         """The metric of one replica, as a router sees it (a ``ReplicaView``)."""
@@ -108,9 +138,21 @@ class Autoscaler:
         want = math.ceil(total / self.target_ongoing_requests - 1e-9)
         return max(self.min_replicas, min(self.max_replicas, want))
 
-    def decide(self, current_target: int, total: float) -> int:
-        """Ray Serve's ``replica_queue_length_autoscaling_policy``: the new target."""
-        desired = self.desired(total)
+    def desired_slo(self, current_target: int, attainment: float, total_ongoing: float) -> int:
+        """``metric="slo_attainment"``: one more below target attainment; one fewer when it holds
+        and ``ceil(total ongoing / target_ongoing_requests)`` is below the current target."""
+        if attainment < self.target_attainment:
+            want = current_target + 1
+        elif math.ceil(total_ongoing / self.target_ongoing_requests - 1e-9) < current_target:
+            want = current_target - 1
+        else:
+            want = current_target
+        return max(self.min_replicas, min(self.max_replicas, want))
+
+    def decide(self, current_target: int, total: float, desired: int | None = None) -> int:
+        """Ray Serve's ``replica_queue_length_autoscaling_policy``: the new target (``desired``,
+        when given, replaces ``ceil(total / target)``)."""
+        desired = self.desired(total) if desired is None else desired
         up = int(self.upscale_delay_s / self.interval_s + 1e-9)
         down = int(self.downscale_delay_s / self.interval_s + 1e-9)
         if desired > current_target:

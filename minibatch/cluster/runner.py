@@ -241,15 +241,45 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
                     and (mig is None or not mig.busy(r))):
                 r.removed_at = max(now, r.clock.now())
 
+    watched: dict[int, tuple[int, set]] = {}     # replica index -> (ids seen, ids without a first token)
+
+    def slo_watch(r, now: float) -> int:
+        """Report new first tokens of replica ``r`` to the autoscaler; how many of its requests
+        still wait for one past the TTFT SLO."""
+        seen, waiting = watched.get(r.index, (0, set()))
+        waiting.update(r.ids[seen:])
+        late = 0
+        for rid in list(waiting):
+            req = r.engine.requests.get(rid)
+            if req is None or (req.is_finished and req.first_token_time is None):
+                waiting.discard(rid)                   # rejected or aborted: no first token to judge
+            elif req.first_token_time is not None:
+                scaler.record_first_token(req.first_token_time, req.first_token_time - req.arrival_time)
+                waiting.discard(rid)
+            elif now - req.arrival_time > scaler.slo["ttft"]:
+                late += 1
+        watched[r.index] = (len(r.ids), waiting)
+        return late
+
     def tick(now: float) -> None:
         """One autoscaler decision at ``now`` (Ray Serve's control loop)."""
         live = [r for r in reps if r.removed_at is None and not r.draining]
         ready = [r for r in live if r.ready_at <= now + _EPS]
-        for r in ready:
-            scaler.record(r.index, now, scaler.value(r.view(now)))
-        total = sum(scaler.average(r.index) for r in ready)
         target = len(live)
-        new = scaler.decide(target, total)
+        if scaler.metric == "slo_attainment":
+            overdue = 0
+            for r in reps:
+                if r.removed_at is None:
+                    overdue += slo_watch(r, now)
+            for r in ready:
+                scaler.record(r.index, now, float(r.view(now).num_requests))
+            total = sum(scaler.average(r.index) for r in ready)
+            new = scaler.decide(target, total, scaler.desired_slo(target, scaler.attainment(now, overdue), total))
+        else:
+            for r in ready:
+                scaler.record(r.index, now, scaler.value(r.view(now)))
+            total = sum(scaler.average(r.index) for r in ready)
+            new = scaler.decide(target, total)
         if new == target:
             return
         if new > target:

@@ -29,6 +29,45 @@ def test_decide_counts_consecutive_periods_as_ray_serve():
     assert [a.decide(4, 0) for _ in range(6)] == [4] * 5 + [1]
 
 
+def test_slo_rule_adds_one_below_target_and_removes_one_only_when_load_agrees():
+    a = Autoscaler(min_replicas=1, max_replicas=5, target_ongoing_requests=4, metric="slo_attainment",
+                   slo={"ttft": 1.0}, target_attainment=0.9, look_back_period_s=10)
+    assert a.desired_slo(2, 0.5, 100) == 3          # missing the SLO: one more, whatever the load
+    assert a.desired_slo(5, 0.5, 100) == 5          # ... up to max_replicas
+    assert a.desired_slo(3, 0.95, 8) == 2           # holds, and ceil(8 / 4) = 2 < 3: one fewer
+    assert a.desired_slo(3, 0.95, 9) == 3           # holds, but ceil(9 / 4) = 3: stay
+    assert a.desired_slo(1, 1.0, 0) == 1            # never below min_replicas
+    # attainment: first tokens in the look-back window (10 s), late waiting requests count as misses
+    a.reset()
+    for when, ttft in [(0.0, 0.5), (5.0, 2.0), (8.0, 0.9), (9.0, 1.0)]:
+        a.record_first_token(when, ttft)
+    assert a.attainment(9.5) == 3 / 4
+    assert a.attainment(9.5, overdue=2) == 3 / 6
+    assert a.attainment(12.0) == 2 / 3              # t=0.0 left the window (12 - 10 = 2 > 0)
+    assert a.attainment(30.0) == 1.0                # nothing to judge
+    with pytest.raises(ValueError, match="slo"):
+        Autoscaler(metric="slo_attainment")
+
+
+def test_slo_metric_scales_up_on_a_backlog_and_back_down_after_it():
+    # 24 long requests at t=0 on one replica of max_num_seqs 4: most wait, so they are late for a
+    # 0.5 s TTFT SLO before any first token shows; the rule adds replicas, then removes them
+    # once the backlog is gone (ongoing 0 wants 1) and attainment holds.
+    specs = [RequestSpec(0.0, 32, 400, request_id=f"h{i}") for i in range(24)]
+    specs += [RequestSpec(k + 0.5, 8, 1, request_id=f"t{k}") for k in range(60)]
+    a = Autoscaler(min_replicas=1, max_replicas=4, target_ongoing_requests=2, upscale_delay_s=1,
+                   downscale_delay_s=3, look_back_period_s=2, cold_start_s=0.5, interval_s=0.5,
+                   metric="slo_attainment", slo={"ttft": 0.5})
+    res = cluster.run(Workload(specs), router="least_requests", autoscaler=a, max_num_seqs=4, **SIM)
+    s = res.summary()
+    counts = [n for _, n in s["scale_events"]]
+    assert max(counts) > 1, s["scale_events"]
+    assert counts[-1] == 1, s["scale_events"]
+    ups = [n2 - n1 for n1, n2 in zip([1] + counts, counts) if n2 > n1]
+    assert ups and all(d == 1 for d in ups)         # one replica at a time
+    assert s["completed"] == len(specs)
+
+
 def heavy_then_trickle(n_heavy=8, out=1500, until=40):
     """``n_heavy`` long requests at t=0, then one one-token request at every k + 0.5 s (so that
     something stays due and the autoscaler keeps deciding after the heavy ones end)."""
@@ -106,7 +145,7 @@ request = st.tuples(st.floats(0, 6.0, allow_nan=False), st.integers(1, 100), st.
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=st.lists(request, min_size=1, max_size=30), lo=st.integers(1, 2), extra=st.integers(0, 3),
        target=st.sampled_from([0.5, 1, 3]), up=st.sampled_from([0, 0.2, 1]), down=st.sampled_from([0, 0.2, 1]),
-       cold=st.sampled_from([0, 0.3, 2]), metric=st.sampled_from(["ongoing_requests", "queue", "kv_usage"]),
+       cold=st.sampled_from([0, 0.3, 2]), metric=st.sampled_from(["ongoing_requests", "queue", "kv_usage", "slo_attainment"]),
        router=st.sampled_from(["round_robin", "least_requests", "power_of_two"]), blocks=st.integers(16, 64))
 def test_nothing_is_lost_while_scaling_and_bounds_hold(reqs, lo, extra, target, up, down, cold, metric, router,
                                                        blocks):
@@ -115,7 +154,7 @@ def test_nothing_is_lost_while_scaling_and_bounds_hold(reqs, lo, extra, target, 
         target = min(target, 1) * 0.5
     a = Autoscaler(min_replicas=lo, max_replicas=lo + extra, target_ongoing_requests=target, upscale_delay_s=up,
                    downscale_delay_s=down, look_back_period_s=0.5, cold_start_s=cold, metric=metric,
-                   interval_s=0.1)
+                   interval_s=0.1, slo={"ttft": 0.05} if metric == "slo_attainment" else None)
     engines = []
 
     def after_step(index, engine, step):
