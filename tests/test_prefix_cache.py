@@ -118,6 +118,7 @@ def test_hit_rate_counts_each_request_once_despite_waiting():
     # r0 computes the prompt; r1..r5 each reuse 3 of its 4 blocks (the last token is recomputed).
     assert s["prefix_cache_hit_rate"] == 5 * 24 / (6 * 32)
     assert engine.kv.prefix_queries == 6 * 32
+    assert engine.kv.prefix_hits == 5 * 24           # the engine's counter sums every admission's hit
 
 
 def _cold_ttft(aging):
