@@ -1,25 +1,26 @@
 """The autoscaler: every ``interval_s`` of virtual time, decide how many replicas the cluster needs.
 
-Ray Serve's request-based autoscaling, with its names and its rule. Sources:
+Ray Serve's request-based autoscaling, with its names and its rule, as in Ray 2.60.0 (the
+``ray[serve]`` release this project's ``ray`` extra installs; read in its installed sources):
 
-* ``ray-project/ray``, ``python/ray/serve/config.py``, ``AutoscalingConfig`` (Ray 2.x after the
-  2.32.0 rename to ``target_ongoing_requests``; the same defaults in the API page
-  docs.ray.io/en/latest/serve/api/doc/ray.serve.config.AutoscalingConfig.html; no single
-  release tag was pinned here):
-  ``min_replicas=1``, ``initial_replicas=None`` (then ``min_replicas``), ``max_replicas=1``,
-  ``target_ongoing_requests=2`` (was 1.0 before Ray 2.32.0), ``metrics_interval_s=10.0``,
-  ``look_back_period_s=30.0``, ``upscale_delay_s=30.0``, ``downscale_delay_s=600.0``,
-  ``upscaling_factor = downscaling_factor = smoothing_factor = 1.0``.
-* ``python/ray/serve/_private/autoscaling_policy.py``, ``replica_queue_length_autoscaling_policy``
-  and ``_calculate_desired_num_replicas``: with the factors at 1, ``desired =
-  ceil(total ongoing requests / target_ongoing_requests)`` (the per-replica averages over
-  ``look_back_period_s``, summed over the running replicas), clamped to
+* ``ray/serve/config.py``, ``AutoscalingConfig``: ``min_replicas=1``, ``initial_replicas=None``
+  (then ``min_replicas``), ``max_replicas=1``, ``target_ongoing_requests=2``
+  (``DEFAULT_TARGET_ONGOING_REQUESTS`` in ``ray/serve/_private/constants.py``; it was 1.0 before
+  the 2.32.0 rename from ``target_num_ongoing_requests_per_replica``),
+  ``metrics_interval_s=10.0``, ``look_back_period_s=30.0``, ``upscale_delay_s=30.0``,
+  ``downscale_delay_s=600.0``, ``smoothing_factor=1.0`` and ``upscaling_factor`` /
+  ``downscaling_factor`` unset (so 1), ``aggregation_function="mean"``.
+* ``ray/serve/autoscaling_policy.py``, ``replica_queue_length_autoscaling_policy``: with the
+  factors at 1, ``desired = ceil(total ongoing requests / target_ongoing_requests)`` (the
+  per-replica means over ``look_back_period_s``, summed over the running replicas), clamped to
   ``[min_replicas, max_replicas]``. A change needs that decision on consecutive control-loop
-  periods: a ``decision_counter`` counts up while ``desired > current target`` (reset when the
-  direction flips or ``desired`` equals the target) and the target moves to ``desired`` once
-  ``counter > int(upscale_delay_s / CONTROL_LOOP_INTERVAL_S)``; the same downwards with
-  ``downscale_delay_s``. ``python/ray/serve/_private/constants.py``:
-  ``CONTROL_LOOP_INTERVAL_S = 0.1`` (this module's ``interval_s``).
+  periods: ``_apply_delay_logic`` keeps a direction (``decision_counter``, reset when the
+  direction flips or ``desired`` equals the target) and the timestamp of the first decision of
+  the run, and moves the target to ``desired`` once ``now - first >= upscale_delay_s`` (the
+  same downwards with ``downscale_delay_s``). ``ray/serve/_private/constants.py``:
+  ``CONTROL_LOOP_INTERVAL_S = 0.1`` (this module's ``interval_s``). Here the elapsed time is
+  counted in control-loop periods (``counter > int(delay / interval_s)``), which is the same
+  moment when the decisions come every ``interval_s`` of virtual time.
 
 So a load that stays above target from the decision at ``t0`` on scales up at exactly
 ``t0 + upscale_delay_s`` (when the delay is a multiple of ``interval_s``).

@@ -4,17 +4,22 @@ Every ``interval_s`` of virtual time the migrator compares the replicas' loads a
 are imbalanced, moves one running decode request from the most loaded replica to the least
 loaded one, with its KV blocks.
 
-**The load.** Llumnix balances a per-instance *virtual usage* of KV memory, in which queued
-requests' demand counts as well as the blocks in use (the paper's §4 could not be retrieved
-with this project's search tool, so the rule below is minibatch's own, written in that spirit
-from memory of the paper, not a transcription): ``load = (KV blocks in use + blocks the waiting requests'
-tokens need) / KV blocks of the replica``. A move is triggered when ``max load - min load >
-imbalance`` (default 0.2) among the replicas that serve (ready, not draining), the source has
-a running request in decode with at least ``min_remaining_tokens`` still to generate, and
-neither replica takes part in a move already. The request moved is the one with the fewest KV
-blocks (the cheapest copy), as long as the destination has the free blocks for it and the move
-narrows the gap (``b / M_src + b / M_dst < 2 x gap`` for ``b`` blocks, so that a request does
-not ping-pong between two replicas).
+**The load.** Llumnix's ``KvBlocksRatioLoad`` (``AlibabaPAI/llumnix``,
+``llumnix/load_computation.py`` at commit 9529a78): ``demand_factor = (KV blocks in use +
+blocks all waiting requests need) / KV blocks of the replica``, the paper's "virtual usage" in
+which queued requests' demand counts as well as the blocks in use. A move is triggered when
+``max load - min load > imbalance`` (default 0.2) among the replicas that serve (ready, not
+draining), the source has a running request in decode with at least ``min_remaining_tokens``
+still to generate, and neither replica takes part in a move already. The request moved is the
+one with the fewest KV blocks (the cheapest copy), as long as the destination has the free
+blocks for it and the move narrows the gap (``b / M_src + b / M_dst < 2 x gap`` for ``b``
+blocks, so that a request does not ping-pong between two replicas). Llumnix's own pairing
+(``llumnix/global_scheduler/migration_policy.py``, ``Balanced``) pairs the most loaded with the
+least loaded replicas in order and moves when ``0 < gap after < gap before`` and the
+destination's load after the move stays under ``migrate_out_load_threshold``; the
+``imbalance`` trigger and the cheapest-request choice here are minibatch's own simplification
+(one move per decision, one pair), and minibatch allows a move that overshoots by less than the
+gap it closes.
 
 **The move**, staged as Llumnix's live migration (copy while decoding, then a short paused stage): at ``t0`` the destination reserves
 blocks and the *full* blocks the request holds at ``t0`` are copied while it keeps decoding
