@@ -66,8 +66,8 @@ def test_base_policy_has_no_order_and_no_deadline():
 @pytest.fixture
 def registry(monkeypatch):
     """A private copy of the registry, so that test registrations do not leak."""
-    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
-    return base._REGISTRY
+    monkeypatch.setattr(base.POLICIES, "classes", dict(base.POLICIES.classes))
+    return base.POLICIES.classes
 
 
 def test_available_lists_the_registered_names_sorted(registry):
@@ -103,7 +103,7 @@ def test_register_refuses_a_class_without_a_name(registry):
     class Nameless(Policy):
         pass
 
-    with pytest.raises(ValueError, match="^policy class Nameless has no name$"):
+    with pytest.raises(ValueError, match="^scheduling policy class Nameless has no name$"):
         register(Nameless)
     assert "" not in registry
 

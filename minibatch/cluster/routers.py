@@ -31,11 +31,9 @@ Seeded routers draw from their own ``random.Random(seed)``, so runs are reproduc
 from __future__ import annotations
 
 import random as _random
-from collections.abc import Callable
 
 from minibatch.cluster.replica import ReplicaView
-
-_REGISTRY: dict[str, type[Router]] = {}
+from minibatch.policies.registry import Registry
 
 
 class Router:
@@ -56,34 +54,10 @@ class Router:
         return f"{type(self).__name__}()"
 
 
-def register(cls: type[Router] | None = None, *, name: str | None = None) -> Callable:
-    """Class decorator: ``@register`` adds a router under its ``name``."""
-
-    def wrap(c: type[Router]) -> type[Router]:
-        key = name or c.name
-        if not key:
-            raise ValueError(f"router class {c.__name__} has no name")
-        c.name = key
-        _REGISTRY[key] = c
-        return c
-
-    return wrap(cls) if cls is not None else wrap
-
-
-def available() -> list[str]:
-    """Names of all registered routers."""
-    return sorted(_REGISTRY)
-
-
-def get(router: str | Router | type[Router], **kwargs) -> Router:
-    """A router instance from a name (or a class, or an instance, returned as is)."""
-    if isinstance(router, Router):
-        return router
-    if isinstance(router, type) and issubclass(router, Router):
-        return router(**kwargs)
-    if router not in _REGISTRY:
-        raise ValueError(f"unknown router {router!r}; available routers: {available()}")
-    return _REGISTRY[router](**kwargs)
+ROUTERS = Registry(Router, "router", "routers")
+register = ROUTERS.register           # ``@register``: add a router under its ``name``
+available = ROUTERS.available         # names of all registered routers
+get = ROUTERS.make                    # an instance from a name (or a class, or an instance as is)
 
 
 def _argmin(replicas: list[ReplicaView], key) -> int:

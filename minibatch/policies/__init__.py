@@ -15,8 +15,23 @@
 ==============  ================================================================
 """
 
-from minibatch.policies.base import Policy, SchedulerState, available, make_policy, register
 from minibatch.policies import (  # noqa: F401  (each module registers its policy)
-    continuous, dynamic, fair, lpm, mlfq, priority, serial, sjf, static)
+    continuous,
+    dynamic,
+    fair,
+    lpm,
+    mlfq,
+    priority,
+    serial,
+    sjf,
+    static,
+)
+from minibatch.policies.base import (
+    Policy,
+    SchedulerState,
+    available,
+    make_policy,
+    register,
+)
 
 __all__ = ["Policy", "SchedulerState", "available", "make_policy", "register"]

@@ -22,11 +22,9 @@ Rules every policy keeps, so that it can be switched in mid-run (``RunController
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
+from minibatch.policies.registry import Registry
 from minibatch.request import Request
-
-_REGISTRY: dict[str, type["Policy"]] = {}
 
 
 @dataclass
@@ -76,31 +74,7 @@ class Policy:
         return f"{type(self).__name__}()"
 
 
-def register(cls: type[Policy] | None = None, *, name: str | None = None) -> Callable:
-    """Class decorator: ``@register`` adds a policy under its ``name``."""
-
-    def wrap(c: type[Policy]) -> type[Policy]:
-        key = name or c.name
-        if not key:
-            raise ValueError(f"policy class {c.__name__} has no name")
-        c.name = key
-        _REGISTRY[key] = c
-        return c
-
-    return wrap(cls) if cls is not None else wrap
-
-
-def available() -> list[str]:
-    """Names of all registered policies."""
-    return sorted(_REGISTRY)
-
-
-def make_policy(policy: "str | Policy", **kwargs) -> Policy:
-    """A policy instance from a name (or an instance, returned as is)."""
-    if isinstance(policy, Policy):
-        return policy
-    if isinstance(policy, type) and issubclass(policy, Policy):
-        return policy(**kwargs)
-    if policy not in _REGISTRY:
-        raise ValueError(f"unknown scheduling policy {policy!r}; available policies: {available()}")
-    return _REGISTRY[policy](**kwargs)
+POLICIES = Registry(Policy, "scheduling policy", "policies")
+register = POLICIES.register          # ``@register``: add a policy under its ``name``
+available = POLICIES.available        # names of all registered policies
+make_policy = POLICIES.make           # an instance from a name (or a class, or an instance as is)

@@ -28,7 +28,7 @@ after a mid-run policy switch) are skip-joined on first sight.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from minibatch.policies.base import Policy, SchedulerState, register
 from minibatch.request import Request

@@ -27,7 +27,7 @@ order). ``preemptive=True`` ranks everything together: shortest remaining first 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from minibatch.policies.base import Policy, SchedulerState, register
 from minibatch.request import Request

@@ -170,4 +170,4 @@ def test_a_learner_registers_a_router_in_a_few_lines():
                           hardware="a100-80g")
         assert [r.replica for r in res.requests] == [0, 1, 1, 1]   # the big one keeps replica 0 busiest
     finally:
-        routers._REGISTRY.pop("test_fewest_tokens")
+        routers.ROUTERS.classes.pop("test_fewest_tokens")
