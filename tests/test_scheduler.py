@@ -364,3 +364,16 @@ def test_a_batch_prices_decodes_and_prefill_chunks_for_the_cost_model():
     batch = s.schedule(0.0)
     assert batch.shape() == ([(7, 7)], [5])
     assert batch.token_counts() == (1, 7) and batch.num_tokens == 8
+
+
+def test_a_policy_sees_the_configured_limits_and_the_queues_in_its_state():
+    # The state is a policy's whole view (a learner's own policy reads any field of it).
+    sched = make(max_num_seqs=3, max_num_batched_tokens=40, max_wait_ms=250)
+    a, b = req("a", 8), req("b", 8)
+    sched.add(a)
+    sched.add(b)
+    st = sched.state(1.5)
+    assert (st.now, st.max_num_seqs, st.max_num_batched_tokens, st.max_wait_s) == (1.5, 3, 40, 0.25)
+    assert st.waiting == [a, b] and st.running == [] and st.kv is sched.kv
+    st.waiting.pop()                                  # a copy: the policy cannot edit the queue
+    assert list(sched.waiting) == [a, b]
