@@ -58,7 +58,7 @@ from minibatch.config import ADMISSION_MODES
 
 
 class Overloaded(ValueError):
-    """A request refused on arrival because ``max_concurrent_requests`` are in flight (backpressure;
+    """A request refused on arrival because ``max_inflight_requests`` are in flight (backpressure;
     TGI answers it with HTTP 429). A ``ValueError``, so it is rejected and counted like bad input."""
 
 

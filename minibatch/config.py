@@ -129,7 +129,7 @@ class EngineConfig:
     swap_space_blocks: int | None = option(None, "host blocks for swap preemption (default: as many as the pool)")
     preset: str | None = option(None, "a framework's defaults (policy, admission, chunking, limits) for the "
                                       "options not given; see minibatch.presets.describe(name)", PRESET_NAMES)
-    # TGI's router (policy "tgi", minibatch.policies.tgi); max_concurrent_requests applies to every policy.
+    # TGI's router (policy "tgi", minibatch.policies.tgi); max_inflight_requests applies to every policy.
     max_waiting_tokens: int = option(20, "tgi policy, unchunked: decode steps after which waiting requests are "
                                          "prefilled even if few")
     waiting_served_ratio: float = option(0.3, "tgi policy, unchunked: prefill new requests early when at least "
@@ -138,8 +138,9 @@ class EngineConfig:
                                                         "max_num_batched_tokens)")
     max_batch_total_tokens: int | None = option(None, "tgi policy: prompt + max_tokens summed over the running "
                                                       "batch (default: what the KV pool holds)")
-    max_concurrent_requests: int | None = option(None, "backpressure: a request arriving while this many are "
-                                                       "waiting or running is rejected (default: no limit)")
+    max_inflight_requests: int | None = option(None, "backpressure (TGI's max_concurrent_requests): a request "
+                                                     "arriving while this many wait or run is rejected "
+                                                     "(default: no limit)")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
@@ -192,7 +193,7 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting_tokens"):
             positive_int(name)
         for name in ("num_kv_blocks", "max_model_len", "kv_cache_memory_bytes", "max_batch_prefill_tokens",
-                     "max_batch_total_tokens", "max_concurrent_requests"):
+                     "max_batch_total_tokens", "max_inflight_requests"):
             if getattr(self, name) is not None:
                 positive_int(name)
         if not isinstance(self.waiting_served_ratio, (int, float)) or isinstance(self.waiting_served_ratio, bool) \

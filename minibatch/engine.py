@@ -134,10 +134,10 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.validate()
-        limit = self.config.max_concurrent_requests
+        limit = self.config.max_inflight_requests
         if limit is not None and self.scheduler.num_unfinished >= limit:
-            raise Overloaded(f"overloaded: max_concurrent_requests={limit} requests are already waiting or "
-                             f"running; retry later (TGI's backpressure)")
+            raise Overloaded(f"overloaded: max_inflight_requests={limit} requests are already waiting or "
+                             f"running; retry later (backpressure, TGI's max_concurrent_requests)")
         text, ids = self.tokenize(prompt)
         self.validate(ids, params)
         request_id = request_id if request_id is not None else str(next(self._ids))

@@ -204,7 +204,7 @@ REJECT_REASONS = (
     ("empty prompt", "empty prompt"),
     ("invalid sampling parameter", "invalid sampling parameter"),
     ("no replica serves model", "no replica serves the model"),      # minibatch.cluster
-    ("max_concurrent_requests", "over max_concurrent_requests"),     # backpressure (TGI)
+    ("max_inflight_requests", "over max_inflight_requests"),         # backpressure (TGI)
 )
 
 

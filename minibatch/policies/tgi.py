@@ -33,8 +33,9 @@ current tokens, the last request chunked to fit. This policy does the same.
 Knobs (``EngineConfig`` fields): ``max_waiting_tokens``, ``waiting_served_ratio``,
 ``max_batch_prefill_tokens`` (default and upper bound: ``max_num_batched_tokens``),
 ``max_batch_total_tokens`` (default: the KV pool) and ``max_num_seqs`` for TGI's
-``max_batch_size``. ``max_concurrent_requests`` (TGI's backpressure) is the engine's:
-a request beyond it is rejected on arrival (``LLMEngine.add_request``).
+``max_batch_size``. TGI's backpressure, ``max_concurrent_requests``, is the engine's
+``max_inflight_requests`` (the HTTP server's own ``--max-concurrent-requests`` answers 429
+before that): a request arriving beyond it is rejected (``LLMEngine.add_request``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ under 70 GiB (an A100-40GB, L4, A10; and vLLM's A100 exception), and says so.
 Mapping to minibatch's names: vLLM's ``max_num_seqs`` / TensorRT-LLM's ``max_batch_size`` /
 TGI's ``max_batch_size`` -> ``max_num_seqs``; vLLM's ``max_num_batched_tokens`` /
 TensorRT-LLM's ``max_num_tokens`` / SGLang's ``chunked_prefill_size`` / TGI's
-``max_batch_prefill_tokens`` -> ``max_num_batched_tokens`` (the step's token budget).
+``max_batch_prefill_tokens`` -> ``max_num_batched_tokens`` (the step's token budget); TGI's
+``max_concurrent_requests`` -> ``max_inflight_requests``.
 """
 
 from __future__ import annotations
@@ -107,8 +108,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         Knob("enable_prefix_caching", True, "launcher/src/main.rs resolve_attention: PREFIX_CACHING = true"),
         Knob("max_waiting_tokens", 20, f"{_TGI_MAIN}.max_waiting_tokens"),
         Knob("waiting_served_ratio", 0.3, f"{_TGI_MAIN}.waiting_served_ratio"),
-        Knob("max_concurrent_requests", 128, f"{_TGI_MAIN}.max_concurrent_requests (router/src/infer/mod.rs "
-                                             "semaphore: beyond it, 'overloaded')"),
+        Knob("max_inflight_requests", 128, f"{_TGI_MAIN}.max_concurrent_requests (router/src/infer/mod.rs "
+                                           "semaphore: beyond it, 'overloaded')"),
         Knob("max_wait_ms", 0.0, "TGI's router has no time window (it counts decode steps)"),
     ), (("with prefill chunking (TGI's default) backend.rs ignores max_waiting_tokens and "
          "waiting_served_ratio; pass enable_chunked_prefill=False to see them act"),
