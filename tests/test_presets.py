@@ -9,8 +9,8 @@ import random
 
 import pytest
 import torch
-
 from conftest import hf_greedy
+
 from minibatch import LLM, TINY_MODEL_PATH, SamplingParams, presets
 from minibatch.config import PRESET_NAMES, EngineConfig, add_engine_args, engine_kwargs
 
@@ -83,10 +83,11 @@ MAX_NEW = 12
 PROMPT_LENS = (1, 15, 16, 17, 45, 100)
 # Each preset as is, and squeezed (explicit options over the preset): a 112-token pool, small token
 # budgets, chunked prefill on, so chunking, block rounding and (max_utilization) preemption happen.
-VARIANTS = {"as-is": {}, "squeezed": dict(num_kv_blocks=14, block_size=8, max_num_batched_tokens=24,
-                                          enable_chunked_prefill=True, max_num_seqs=6),
-            "unchunked": dict(num_kv_blocks=14, block_size=8, max_num_batched_tokens=128,
-                              enable_chunked_prefill=False, max_num_seqs=6)}
+VARIANTS = {"as-is": {},
+            "squeezed": {"num_kv_blocks": 14, "block_size": 8, "max_num_batched_tokens": 24,
+                         "enable_chunked_prefill": True, "max_num_seqs": 6},
+            "unchunked": {"num_kv_blocks": 14, "block_size": 8, "max_num_batched_tokens": 128,
+                          "enable_chunked_prefill": False, "max_num_seqs": 6}}
 
 
 @pytest.fixture(scope="module")

@@ -108,7 +108,7 @@ def test_guaranteed_no_evict_stops_at_the_first_request_that_does_not_fit():
     assert items(s2.schedule(3.0)) == [("r", 1)]
 
 
-EXAMPLES = int(os.environ.get("MINIBATCH_PROPERTY_EXAMPLES", 25))
+EXAMPLES = int(os.environ.get("MINIBATCH_PROPERTY_EXAMPLES", "25"))
 
 
 @settings(max_examples=EXAMPLES, deadline=None)

@@ -90,8 +90,9 @@ class TuneResult:
         for t in self.trials:
             mark = "best" if t is self.best_trial else ("pareto" if any(t is p for p in self.pareto) else
                                                         ("pruned" if t.pruned else ""))
-            measured = ["-" if t.pruned else f"{t.capacity:.2f}", "-" if t.rate is None else f"{t.rate:.2f}"]
-            rows.append([str(t.config[k]) for k in keys] + (measured if cap else []) + [
+            measured = ["-" if t.capacity is None else f"{t.capacity:.2f}",
+                        "-" if t.rate is None else f"{t.rate:.2f}"] if cap else []
+            rows.append([str(t.config[k]) for k in keys] + measured + [
                 "-" if t.goodput is None else f"{t.goodput:.2f}",
                 "-" if t.latency is None else f"{t.latency:.2f}", str(t.runs), mark])
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
