@@ -121,7 +121,15 @@ class LLMEngine:
         if not self.config.enable_chunked_prefill and n > self.config.max_num_batched_tokens:
             raise ValueError(f"prompt of {n} tokens exceeds max_num_batched_tokens="
                              f"{self.config.max_num_batched_tokens} and chunked prefill is off")
+        c = self.config
+        if not c.enable_chunked_prefill and c.max_batch_prefill_tokens is not None \
+                and n > c.max_batch_prefill_tokens:
+            raise ValueError(f"prompt of {n} tokens exceeds max_batch_prefill_tokens={c.max_batch_prefill_tokens} "
+                             f"and chunked prefill is off")
         need = min(n + params.max_tokens, self.max_model_len)
+        if c.max_batch_total_tokens is not None and need > c.max_batch_total_tokens:
+            raise ValueError(f"request needs {need} tokens (prompt + max_tokens) but max_batch_total_tokens is "
+                             f"{c.max_batch_total_tokens} (the most the tgi policy lets the batch hold)")
         blocks = self.kv.blocks_for_request(need)
         if blocks > self.kv.num_blocks:
             raise ValueError(f"request needs {blocks} KV blocks ({need} tokens) but the whole cache has "

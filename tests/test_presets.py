@@ -115,3 +115,12 @@ def test_greedy_outputs_are_the_same_under_every_preset(reference, preset, varia
     assert llm.config.policy == presets.settings(preset)["policy"]
     llm.engine.kv.check_invariants()
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+
+
+def test_the_presets_command_prints_every_table_and_refuses_unknown_names(capsys):
+    from minibatch.presets.__main__ import main
+
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert all(f"preset {name!r}" in out for name in PRESET_NAMES)
+    assert main(["orca"]) == 2 and "orca" in capsys.readouterr().err

@@ -160,3 +160,16 @@ def test_rejected_requests_are_counted_never_lost():
     s = run(specs, executor="sim", model="llama-2-7b", hardware="a100-80g", max_inflight_requests=2).summary()
     assert (s["num_requests"], s["completed"], s["rejected"]) == (5, 2, 3)
     assert s["rejected_reasons"] == {"over max_inflight_requests": 3}
+
+
+def test_requests_that_can_never_fit_the_budgets_are_rejected_up_front():
+    # TGI's validation refuses what its budgets can never hold, instead of queueing it forever.
+    specs = [RequestSpec(arrival_time=0.0, prompt_len=40, max_tokens=8, request_id="long-prompt"),
+             RequestSpec(arrival_time=0.0, prompt_len=10, max_tokens=80, request_id="long-future"),
+             RequestSpec(arrival_time=0.0, prompt_len=10, max_tokens=8, request_id="fits")]
+    s = run(specs, executor="sim", model="llama-2-7b", hardware="a100-80g", policy="tgi",
+            enable_chunked_prefill=False, max_batch_prefill_tokens=32, max_batch_total_tokens=64).summary()
+    # 40 > 32 prompt tokens; 10 + 80 = 90 > 64 tokens; 10 + 8 = 18 fits both.
+    assert (s["num_requests"], s["completed"]) == (3, 1)
+    assert s["rejected_reasons"] == {"prompt over max_batch_prefill_tokens": 1,
+                                     "request over max_batch_total_tokens": 1}
