@@ -107,3 +107,12 @@ def test_a_ray_address_without_ray_is_a_clear_error(workload, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_ray)
     with pytest.raises(RuntimeError, match="Ray is not installed"):
         tune.sweep(workload, grid={"max_num_seqs": [4]}, slo=SLO, ray_address="auto")
+
+
+def test_the_capacity_search_in_parallel_batches_finds_the_same_optimum(workload):
+    # Configurations searched 2 at a time, each batch pruned against the batches before it.
+    grid = {"max_num_seqs": [4, 32, 64]}
+    full = tune.sweep(workload, grid=grid, slo=SLO, processes=1, rates=RATES)
+    smart = tune.sweep(workload, grid=grid, slo=SLO, processes=2, rates=RATES, method="bisect")
+    assert smart.best == full.best and smart.best_trial.capacity == full.best_trial.capacity
+    assert smart.num_runs < full.num_runs == 3 * len(RATES)
