@@ -20,7 +20,9 @@ policy's order is respected, but running requests later in the order still run.
 A policy's switches (``minibatch.policies.base.Policy``) adapt the step to TensorRT-LLM's
 micro-batch scheduler: decodes' tokens set aside before prompt chunks are cut
 (``decode_budget_first``), chunks cut short rounded down to whole blocks
-(``chunk_to_block``), and no admission after a refusal (``stop_at_refusal``).
+(``chunk_to_block``), and no admission after a refusal (``stop_at_refusal``). When nothing
+of a policy's order can run, the scheduler asks it once for another order for the same
+step (``Policy.fallback_order``; TGI's policy decodes when its planned prefill is refused).
 """
 
 from __future__ import annotations
@@ -143,9 +145,26 @@ class Scheduler:
 
     # -- one step ------------------------------------------------------------------
     def schedule(self, now: float) -> ScheduledBatch:
+        policy = self.policy
+        state = self.state(now)
+        batch = self._build(self._checked(policy.schedule_order(state)), now)
+        if not batch.items:
+            # Nothing in the policy's order could run (e.g. admission refused a planned prefill):
+            # the policy may offer another order for this step (``Policy.fallback_order``).
+            fallback = policy.fallback_order(self.state(now))
+            if fallback:
+                first = batch.preempted
+                batch = self._build(self._checked(fallback), now)
+                batch.preempted = first + batch.preempted
+        self.num_preemptions += len(batch.preempted)
+        if batch.items:
+            self.admission.on_step(self, len(batch.preempted))
+        return batch
+
+    def _build(self, order: list[Request], now: float) -> ScheduledBatch:
+        """One step's batch from ``order`` under the budgets, admission and KV."""
         c = self.config
         policy = self.policy
-        order = self._checked(policy.schedule_order(self.state(now)))
         batch = ScheduledBatch()
         budget = c.max_num_batched_tokens
         preempted: set[str] = set()
@@ -214,9 +233,6 @@ class Scheduler:
             batch.items.append((req, num_new))
             scheduled.add(req.request_id)
             budget -= num_new
-        self.num_preemptions += len(batch.preempted)
-        if batch.items:
-            self.admission.on_step(self, len(batch.preempted))
         return batch
 
     def _checked(self, order: list[Request]) -> list[Request]:

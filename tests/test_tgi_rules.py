@@ -173,3 +173,21 @@ def test_requests_that_can_never_fit_the_budgets_are_rejected_up_front():
     assert (s["num_requests"], s["completed"]) == (3, 1)
     assert s["rejected_reasons"] == {"prompt over max_batch_prefill_tokens": 1,
                                      "request over max_batch_total_tokens": 1}
+
+
+def test_a_refused_prefill_becomes_a_decode_step():
+    from minibatch.scheduler import Scheduler
+
+    # static_batch admission refuses any newcomer while r runs; the tgi policy plans a prefill of w
+    # (floor(1 x 0.3) = 0: no need to wait), admission refuses it, and the step decodes r instead.
+    s = Scheduler(cfg(admission="static_batch", block_size=4), KVCacheManager(16, 4), max_model_len=100)
+    r = rq("r", 4, out=1)
+    assert s.kv.allocate_slots(r, 4)
+    r.num_computed_tokens = 4
+    r.status = r.status.RUNNING
+    s.running.append(r)
+    s.policy.plan, s.policy.waiting_tokens = "decode", 2
+    s.add(rq("w", 4))
+    batch = s.schedule(1.0)
+    assert [(q.request_id, n) for q, n in batch.items] == [("r", 1)]
+    assert s.policy.plan == "decode" and [q.request_id for q in s.waiting] == ["w"]

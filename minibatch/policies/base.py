@@ -71,6 +71,11 @@ class Policy:
     def schedule_order(self, state: SchedulerState) -> list[Request]:
         raise NotImplementedError
 
+    def fallback_order(self, state: SchedulerState) -> list[Request] | None:
+        """Asked once when nothing of :meth:`schedule_order`'s order could run this step (admission
+        or KV refused all of it): another order for the same step, or ``None`` (the default)."""
+        return None
+
     def next_wakeup(self, state: SchedulerState) -> float | None:
         """A time at which the policy wants a step even if no request arrives (e.g. a
         batching window closing); ``None`` if it has no such deadline."""

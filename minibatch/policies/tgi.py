@@ -58,7 +58,6 @@ class TGIPolicy(Policy):
         self.decode_next = False         # a prefill that joined a running batch is followed by a decode
         self.plan: str | None = None     # what the last order asked for: "prefill" | "decode"
         self.planned_first = False       # ... and whether that prefill started a new batch
-        self.stepped = True              # did a step run since that order?
         self.num_prefills = 0
 
     @staticmethod
@@ -113,9 +112,6 @@ class TGIPolicy(Policy):
         if self.knob(state, "enable_chunked_prefill"):
             budget = max(0, prefill_budget - len(running))      # minus the batch's current tokens
             return running + (self.select(state, max_size, budget, True) if budget else [])
-        if self.plan == "prefill" and not self.stepped and running:
-            self.decode_next = True        # the planned prefill could not run: decode instead
-        self.stepped = False
         if not running:
             self.plan, self.planned_first = "prefill", True
             return self.select(state, max_size, prefill_budget, False)
@@ -130,8 +126,15 @@ class TGIPolicy(Policy):
         self.plan = "decode"
         return list(running)
 
+    def fallback_order(self, state: SchedulerState):
+        """A planned prefill that admission refused (none of it could start): decode instead,
+        as TGI does when ``next_batch`` returns nothing."""
+        if self.plan == "prefill" and state.running:
+            self.plan = "decode"
+            return list(state.running)
+        return None
+
     def on_step(self, scheduled, now):
-        self.stepped = True
         if self.plan == "prefill" and scheduled:
             self.waiting_tokens = 1
             self.decode_next = not self.planned_first
