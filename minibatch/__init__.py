@@ -35,6 +35,8 @@ _EXPORTS = {
     "run": "minibatch.runner",
     "RunController": "minibatch.runner",
 }
+# subpackages that ``minibatch.NAME`` imports on first use
+_SUBPACKAGES = ("presets", "tune")
 __all__ = [*_EXPORTS, "TINY_MODEL_PATH"]
 
 
@@ -43,6 +45,8 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
     elif name == "TINY_MODEL_PATH":           # the embedded model's files
         from minibatch.assets import TINY_MODEL_PATH as value
+    elif name in _SUBPACKAGES:
+        value = importlib.import_module(f"minibatch.{name}")
     else:
         raise AttributeError(f"module 'minibatch' has no attribute {name!r}")
     globals()[name] = value          # later lookups skip this function

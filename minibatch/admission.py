@@ -1,7 +1,7 @@
 """Admission control: may a waiting request start now, given the KV it will need later?
 
 The scheduler asks ``can_admit`` before it gives a waiting (or swapped-out) request its
-first blocks. Three modes (``EngineConfig.admission``):
+first blocks. Four modes (``EngineConfig.admission``):
 
 ``max_utilization`` (default; vLLM, TensorRT-LLM ``MAX_UTILIZATION``)
     Optimistic: admit whenever this step's blocks are free. If running requests later
@@ -29,6 +29,23 @@ first blocks. Three modes (``EngineConfig.admission``):
     to SGLang's retract estimate ``(generated + 20 * n_running) / sum(max_tokens)``
     (``retract_decode``; never below the initial ratio here, capped at 1).
 
+``static_batch`` (TensorRT-LLM ``STATIC_BATCH``)
+    ``guaranteed_no_evict``'s rule, and no new request at all while any request that was
+    running before this step is unfinished: a batch is admitted together, runs to its
+    end, and only then is the next one admitted (up to ``max_num_seqs``, as far as
+    their whole futures fit).
+
+TensorRT-LLM's capacity scheduler is ``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp``
+(read at the stored snapshot commit cf6abc4, TensorRT-LLM 1.x). ``GuaranteedNoEvictScheduler``
+keeps every request in generation, subtracts the blocks each needs to finish from the free
+blocks (``NoEvictScheduledBlocksManager``) and then admits pending requests in order while
+their blocks-to-completion fit, stopping at the first that does not: the same rule as
+``guaranteed_no_evict`` here. ``StaticBatchScheduler`` is that rule with pending requests
+considered only when no request is in progress (``impl<true>``). ``MaxUtilizationScheduler``
+is ``max_utilization`` here with the ``trtllm`` policy (``minibatch.policies.trtllm``): it
+schedules in order what fits this step and, when a request does not fit, pauses the last
+started request in the order and retries.
+
 Modes other than ``max_utilization`` never evict a running request to admit a waiting
 one, even under a preemptive policy.
 """
@@ -38,6 +55,11 @@ from __future__ import annotations
 import math
 
 from minibatch.config import ADMISSION_MODES
+
+
+class Overloaded(ValueError):
+    """A request refused on arrival because ``max_inflight_requests`` are in flight (backpressure;
+    TGI answers it with HTTP 429). A ``ValueError``, so it is rejected and counted like bad input."""
 
 
 class Admission:
@@ -107,7 +129,20 @@ class Conservative(Admission):
             self.new_token_ratio = max(self.min_ratio, self.new_token_ratio - self.decay)
 
 
-_MODES = {"max_utilization": Admission, "guaranteed_no_evict": GuaranteedNoEvict, "conservative": Conservative}
+class StaticBatch(GuaranteedNoEvict):
+    """TensorRT-LLM ``STATIC_BATCH``: admit only while nothing from an earlier step still runs."""
+
+    name = "static_batch"
+
+    def can_admit(self, sched, req, computed_blocks):
+        admitted = sched.admitted_this_step
+        if any(r.request_id not in admitted for r in sched.running):
+            return False
+        return super().can_admit(sched, req, computed_blocks)
+
+
+_MODES = {"max_utilization": Admission, "guaranteed_no_evict": GuaranteedNoEvict, "conservative": Conservative,
+          "static_batch": StaticBatch}
 
 
 def make_admission(mode: str) -> Admission:

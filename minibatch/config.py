@@ -21,7 +21,12 @@ PREEMPTION_MODES = ("recompute", "swap")
 KV_ALLOCATORS = ("paged", "contiguous")
 CONTIGUOUS_RESERVES = ("max_model_len", "request")
 EXECUTORS = ("model", "sim")
-ADMISSION_MODES = ("max_utilization", "guaranteed_no_evict", "conservative")
+ADMISSION_MODES = ("max_utilization", "guaranteed_no_evict", "conservative", "static_batch")
+PRESET_NAMES = ("vllm", "sglang", "trtllm", "tgi")
+# TensorRT-LLM's CapacitySchedulerPolicy names -> minibatch's admission modes (the same rules; see
+# minibatch.admission). ``capacity_scheduler_policy=`` is accepted as an alias of ``admission=``.
+CAPACITY_SCHEDULER_POLICIES = {"GUARANTEED_NO_EVICT": "guaranteed_no_evict",
+                               "MAX_UTILIZATION": "max_utilization", "STATIC_BATCH": "static_batch"}
 ATTENTION_BACKENDS = ("torch", "triton", "cpu")
 DTYPES = ("float32", "float16", "bfloat16", "fp32", "fp16", "bf16")
 
@@ -122,15 +127,44 @@ class EngineConfig:
     attention_backend: str | None = option(None, "attention kernels (default: $MINIBATCH_KERNELS, else triton "
                                                  "on CUDA, cpu on CPU)", ATTENTION_BACKENDS)
     swap_space_blocks: int | None = option(None, "host blocks for swap preemption (default: as many as the pool)")
+    preset: str | None = option(None, "a framework's defaults (policy, admission, chunking, limits) for the "
+                                      "options not given; see minibatch.presets.describe(name)", PRESET_NAMES)
+    # TGI's router (policy "tgi", minibatch.policies.tgi); max_inflight_requests applies to every policy.
+    max_waiting_tokens: int = option(20, "tgi policy, unchunked: decode steps after which waiting requests are "
+                                         "prefilled even if few")
+    waiting_served_ratio: float = option(0.3, "tgi policy, unchunked: prefill new requests early when at least "
+                                              "this ratio x running are waiting and fit")
+    max_batch_prefill_tokens: int | None = option(None, "tgi policy: prompt tokens in one prefill step (default: "
+                                                        "max_num_batched_tokens)")
+    max_batch_total_tokens: int | None = option(None, "tgi policy: prompt + max_tokens summed over the running "
+                                                      "batch (default: what the KV pool holds)")
+    max_inflight_requests: int | None = option(None, "backpressure (TGI's max_concurrent_requests): a request "
+                                                     "arriving while this many wait or run is rejected "
+                                                     "(default: no limit)")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
-        """Build a config from keywords; ``scheduling_policy`` is an alias of ``policy``."""
+        """Build a config from keywords; ``scheduling_policy`` is an alias of ``policy`` and
+        ``capacity_scheduler_policy`` (TensorRT-LLM's names, e.g. ``"MAX_UTILIZATION"``) of
+        ``admission``. With ``preset=NAME`` the preset's settings fill every option not given
+        (:mod:`minibatch.presets`): an explicit keyword always beats the preset."""
         if "scheduling_policy" in kwargs:
             alias = kwargs.pop("scheduling_policy")
             if "policy" in kwargs and kwargs["policy"] != alias:
                 raise ValueError("policy and scheduling_policy disagree; pass one of them")
             kwargs["policy"] = alias
+        if "capacity_scheduler_policy" in kwargs:
+            name = kwargs.pop("capacity_scheduler_policy")
+            mode = CAPACITY_SCHEDULER_POLICIES.get(str(name).upper())
+            if mode is None:
+                raise ValueError(f"unknown capacity_scheduler_policy {name!r}; expected one of "
+                                 f"{tuple(CAPACITY_SCHEDULER_POLICIES)}")
+            if "admission" in kwargs and kwargs["admission"] != mode:
+                raise ValueError("admission and capacity_scheduler_policy disagree; pass one of them")
+            kwargs["admission"] = mode
+        if kwargs.get("preset") is not None:
+            from minibatch.presets import settings
+            kwargs = {**settings(kwargs["preset"]), **kwargs}
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - names)
         if unknown:
@@ -156,11 +190,15 @@ class EngineConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting_tokens"):
             positive_int(name)
-        for name in ("num_kv_blocks", "max_model_len", "kv_cache_memory_bytes"):
+        for name in ("num_kv_blocks", "max_model_len", "kv_cache_memory_bytes", "max_batch_prefill_tokens",
+                     "max_batch_total_tokens", "max_inflight_requests"):
             if getattr(self, name) is not None:
                 positive_int(name)
+        if not isinstance(self.waiting_served_ratio, (int, float)) or isinstance(self.waiting_served_ratio, bool) \
+                or not 0 <= self.waiting_served_ratio < float("inf"):
+            raise ValueError(f"waiting_served_ratio must be a finite number >= 0, got {self.waiting_served_ratio!r}")
         for f in fields(self):
             choices = f.metadata.get("choices")
             if isinstance(choices, tuple) and getattr(self, f.name) is not None \

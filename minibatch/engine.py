@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 from typing import Callable
 
+from minibatch.admission import Overloaded
 from minibatch.clock import make_clock
 from minibatch.config import EngineConfig
 from minibatch.kv_cache import KVCacheManager
@@ -120,7 +121,15 @@ class LLMEngine:
         if not self.config.enable_chunked_prefill and n > self.config.max_num_batched_tokens:
             raise ValueError(f"prompt of {n} tokens exceeds max_num_batched_tokens="
                              f"{self.config.max_num_batched_tokens} and chunked prefill is off")
+        c = self.config
+        if not c.enable_chunked_prefill and c.max_batch_prefill_tokens is not None \
+                and n > c.max_batch_prefill_tokens:
+            raise ValueError(f"prompt of {n} tokens exceeds max_batch_prefill_tokens={c.max_batch_prefill_tokens} "
+                             f"and chunked prefill is off")
         need = min(n + params.max_tokens, self.max_model_len)
+        if c.max_batch_total_tokens is not None and need > c.max_batch_total_tokens:
+            raise ValueError(f"request needs {need} tokens (prompt + max_tokens) but max_batch_total_tokens is "
+                             f"{c.max_batch_total_tokens} (the most the tgi policy lets the batch hold)")
         blocks = self.kv.blocks_for_request(need)
         if blocks > self.kv.num_blocks:
             raise ValueError(f"request needs {blocks} KV blocks ({need} tokens) but the whole cache has "
@@ -133,6 +142,10 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.validate()
+        limit = self.config.max_inflight_requests
+        if limit is not None and self.scheduler.num_unfinished >= limit:
+            raise Overloaded(f"overloaded: max_inflight_requests={limit} requests are already waiting or "
+                             f"running; retry later (backpressure, TGI's max_concurrent_requests)")
         text, ids = self.tokenize(prompt)
         self.validate(ids, params)
         request_id = request_id if request_id is not None else str(next(self._ids))

@@ -15,7 +15,9 @@ class LLM:
 
     ``LLM(model="tiny")`` is the embedded default model; any other engine option is an
     :class:`~minibatch.config.EngineConfig` field passed as a keyword, e.g.
-    ``LLM(model="tiny", max_num_seqs=16, policy="continuous")``.
+    ``LLM(model="tiny", max_num_seqs=16, policy="continuous")``. ``preset="vllm" | "sglang" |
+    "trtllm" | "tgi"`` fills the options not given with that framework's defaults
+    (``minibatch.presets.describe(name)`` lists them).
     """
 
     def __init__(self, model: str = "tiny", **kwargs):

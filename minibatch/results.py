@@ -204,6 +204,9 @@ REJECT_REASONS = (
     ("empty prompt", "empty prompt"),
     ("invalid sampling parameter", "invalid sampling parameter"),
     ("no replica serves model", "no replica serves the model"),      # minibatch.cluster
+    ("max_inflight_requests", "over max_inflight_requests"),         # backpressure (TGI)
+    ("max_batch_prefill_tokens", "prompt over max_batch_prefill_tokens"),
+    ("max_batch_total_tokens", "request over max_batch_total_tokens"),
 )
 
 

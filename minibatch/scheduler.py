@@ -16,6 +16,13 @@ running ones if the policy is ``preemptive`` and the admission mode allows it
 (``minibatch.admission``); otherwise, once a waiting request is refused (no blocks, or
 admission control says no), no later waiting request is admitted this step, so the
 policy's order is respected, but running requests later in the order still run.
+
+A policy's switches (``minibatch.policies.base.Policy``) adapt the step to TensorRT-LLM's
+micro-batch scheduler: decodes' tokens set aside before prompt chunks are cut
+(``decode_budget_first``), chunks cut short rounded down to whole blocks
+(``chunk_to_block``), and no admission after a refusal (``stop_at_refusal``). When nothing
+of a policy's order can run, the scheduler asks it once for another order for the same
+step (``Policy.fallback_order``; TGI's policy decodes when its planned prefill is refused).
 """
 
 from __future__ import annotations
@@ -92,6 +99,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.swapper = None                  # set by the engine when preemption_mode == "swap"
         self.num_preemptions = 0
+        self.admitted_this_step: set[str] = set()
 
     @property
     def policy(self) -> Policy:
@@ -110,10 +118,14 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
     def state(self, now: float) -> SchedulerState:
         c = self.config
         return SchedulerState(now, list(self.running), list(self.waiting), c.max_num_seqs,
-                              c.max_num_batched_tokens, c.max_wait_ms / 1000.0, self.kv)
+                              c.max_num_batched_tokens, c.max_wait_ms / 1000.0, self.kv, c)
 
     def final_len(self, req: Request) -> int:
         """Tokens ``req`` holds at most: ``min(prompt + max_tokens, max_model_len)``."""
@@ -133,18 +145,44 @@ class Scheduler:
 
     # -- one step ------------------------------------------------------------------
     def schedule(self, now: float) -> ScheduledBatch:
+        policy = self.policy
+        state = self.state(now)
+        batch = self._build(self._checked(policy.schedule_order(state)), now)
+        if not batch.items:
+            # Nothing in the policy's order could run (e.g. admission refused a planned prefill):
+            # the policy may offer another order for this step (``Policy.fallback_order``).
+            fallback = policy.fallback_order(self.state(now))
+            if fallback:
+                first = batch.preempted
+                batch = self._build(self._checked(fallback), now)
+                batch.preempted = first + batch.preempted
+        self.num_preemptions += len(batch.preempted)
+        if batch.items:
+            self.admission.on_step(self, len(batch.preempted))
+        return batch
+
+    def _build(self, order: list[Request], now: float) -> ScheduledBatch:
+        """One step's batch from ``order`` under the budgets, admission and KV."""
         c = self.config
-        order = self._checked(self.policy.schedule_order(self.state(now)))
+        policy = self.policy
         batch = ScheduledBatch()
         budget = c.max_num_batched_tokens
         preempted: set[str] = set()
         scheduled: set[str] = set()
+        self.admitted_this_step = set()
         admitting = True         # False once a waiting request was refused (non-evicting)
-        evicting = self.policy.preemptive and self.admission.evicts
+        evicting = policy.preemptive and self.admission.evicts
+        keep_admitting = evicting and not policy.stop_at_refusal
+        # decode_budget_first: the decodes still ahead in the order, one token each.
+        decodes_ahead: set[str] = set()
+        if policy.decode_budget_first and c.enable_chunked_prefill:
+            decodes_ahead = {r.request_id for r in order[:c.max_num_seqs]
+                             if r.status is RequestStatus.RUNNING and is_decode(r.num_tokens - r.num_computed_tokens)}
 
         for pos, req in enumerate(order):
             if budget <= 0 or len(batch.items) >= c.max_num_seqs:
                 break
+            decodes_ahead.discard(req.request_id)
             if req.request_id in preempted:
                 continue
             waiting = req.status is not RequestStatus.RUNNING
@@ -154,16 +192,21 @@ class Scheduler:
             if req.status is RequestStatus.WAITING:
                 computed_blocks, req.num_computed_tokens = self.kv.get_computed_blocks(req)
             num_new = req.num_tokens - req.num_computed_tokens
-            if num_new > budget:
+            room = budget if is_decode(num_new) else budget - len(decodes_ahead)
+            if num_new > room:
                 if c.enable_chunked_prefill:
-                    num_new = budget
+                    num_new = self._chunk(room)
+                    if num_new <= 0:           # no room left for a chunk of this prompt
+                        if waiting:
+                            admitting = self._refuse(req, keep_admitting)
+                        continue
                 elif batch.items:
                     # Without chunking a prompt runs whole; it waits for a step with room.
                     if waiting:
-                        admitting = self._refuse(req, evicting)
+                        admitting = self._refuse(req, keep_admitting)
                     continue
             if waiting and not self.admission.can_admit(self, req, computed_blocks):
-                admitting = self._refuse(req, evicting)
+                admitting = self._refuse(req, keep_admitting)
                 continue
             # KV blocks, preempting from the end of the order when the pool is short.
             ok = self._allocate(req, num_new, computed_blocks)
@@ -173,11 +216,12 @@ class Scheduler:
                     break
                 self._preempt(victim, now)
                 preempted.add(victim.request_id)
+                decodes_ahead.discard(victim.request_id)
                 batch.preempted.append(victim)
                 ok = self._allocate(req, num_new, computed_blocks)
             if not ok:
                 if waiting:
-                    admitting = self._refuse(req, evicting)
+                    admitting = self._refuse(req, keep_admitting)
                     continue
                 # A running request that cannot grow and has nobody left to evict.
                 self._preempt(req, now)
@@ -189,9 +233,6 @@ class Scheduler:
             batch.items.append((req, num_new))
             scheduled.add(req.request_id)
             budget -= num_new
-        self.num_preemptions += len(batch.preempted)
-        if batch.items:
-            self.admission.on_step(self, len(batch.preempted))
         return batch
 
     def _checked(self, order: list[Request]) -> list[Request]:
@@ -205,6 +246,12 @@ class Scheduler:
                 seen.add(rid)
                 out.append(req)
         return out
+
+    def _chunk(self, room: int) -> int:
+        """The new tokens of a prompt chunk cut short by ``room`` (whole blocks under ``chunk_to_block``)."""
+        if self.policy.chunk_to_block:
+            return room // self.kv.block_size * self.kv.block_size
+        return room
 
     def _allocate(self, req: Request, num_new: int, computed_blocks: list[int]) -> bool:
         if req.status is RequestStatus.SWAPPED:
@@ -226,6 +273,7 @@ class Scheduler:
     def _admit(self, req: Request, now: float) -> None:
         self.waiting.remove(req)
         self.running.append(req)
+        self.admitted_this_step.add(req.request_id)
         req.status = RequestStatus.RUNNING
         if req.first_scheduled_time is None:
             req.first_scheduled_time = now
@@ -235,7 +283,8 @@ class Scheduler:
 
     def _refuse(self, req: Request, evicting: bool) -> bool:
         """A waiting request stays waiting; returns whether later waiting ones may still
-        be admitted this step (only under a preemptive, evicting policy)."""
+        be admitted this step (only under a preemptive, evicting policy without
+        ``stop_at_refusal``)."""
         if req.status is RequestStatus.WAITING:
             req.num_computed_tokens = 0
         return evicting

@@ -12,6 +12,8 @@
 ``mlfq``        FastServe's skip-join multi-level feedback queue, preemptive
 ``fair``        per-tenant Virtual Token Counter (VTC)
 ``lpm``         SGLang's longest prefix match (cache-aware), with aging
+``trtllm``      TensorRT-LLM's in-flight batching: arrival order, decodes before context chunks
+``tgi``         TGI's router: pause decoding to prefill when enough wait or after max_waiting_tokens
 ==============  ================================================================
 """
 
@@ -25,6 +27,8 @@ from minibatch.policies import (  # noqa: F401  (each module registers its polic
     serial,
     sjf,
     static,
+    tgi,
+    trtllm,
 )
 from minibatch.policies.base import (
     Policy,

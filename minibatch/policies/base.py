@@ -38,6 +38,7 @@ class SchedulerState:
     max_num_batched_tokens: int
     max_wait_s: float
     kv: object                    # KVCacheManager
+    config: object = None         # the engine's EngineConfig (policies with their own knobs read them here)
 
 
 class Policy:
@@ -45,10 +46,21 @@ class Policy:
 
     ``preemptive = True`` lets a waiting request that the order ranks above a running
     one take that running request's KV blocks (the running one is preempted).
+
+    Three switches change how the scheduler hands out one step (all off by default;
+    TensorRT-LLM's rules, ``minibatch.policies.trtllm``, turn them on):
+    ``decode_budget_first`` (with chunked prefill) sets aside one token of the budget for
+    every decode among the first ``max_num_seqs`` of the order before any prompt chunk is
+    cut; ``chunk_to_block`` rounds a prompt chunk cut short by the budget down to whole KV
+    blocks; ``stop_at_refusal`` admits no later waiting request once one was refused, even
+    when the refused one could have evicted.
     """
 
     name: str = ""
     preemptive: bool = False
+    decode_budget_first: bool = False
+    chunk_to_block: bool = False
+    stop_at_refusal: bool = False
     num_padded_slots: int = 0   # request-level batching: slots of finished members this step
 
     @staticmethod
@@ -58,6 +70,11 @@ class Policy:
 
     def schedule_order(self, state: SchedulerState) -> list[Request]:
         raise NotImplementedError
+
+    def fallback_order(self, state: SchedulerState) -> list[Request] | None:
+        """Asked once when nothing of :meth:`schedule_order`'s order could run this step (admission
+        or KV refused all of it): another order for the same step, or ``None`` (the default)."""
+        return None
 
     def next_wakeup(self, state: SchedulerState) -> float | None:
         """A time at which the policy wants a step even if no request arrives (e.g. a
