@@ -129,7 +129,7 @@ def test_the_chat_role_chunk_is_sent_only_once_the_first_token_exists(served, ll
 def test_n_seeded_samples_are_independent_reproducible_and_seed_plus_index(served, llm):
     """n=3 with a seed: three choices, index 0..2, choice i equal to the offline engine's
     sample with seed + i (vLLM's parallel sampling); the same request again gives the same."""
-    kw = dict(temperature=1.0, max_tokens=12, ignore_eos=True)
+    kw = {"temperature": 1.0, "max_tokens": 12, "ignore_eos": True}
 
     async def body(client, http):
         a, b = [await client.completions.create(model="tiny", prompt="Once upon a time", n=3, seed=7,
@@ -148,7 +148,7 @@ def test_n_seeded_samples_are_independent_reproducible_and_seed_plus_index(serve
 def test_several_prompts_in_one_request_each_get_their_choices(served, llm):
     """A list of strings, and a list of token-id lists: one choice per prompt (n=2: index
     prompt * n + i), each the offline engine's output for that prompt alone."""
-    greedy = dict(temperature=0.0, max_tokens=6, ignore_eos=True)
+    greedy = {"temperature": 0.0, "max_tokens": 6, "ignore_eos": True}
 
     async def body(client, http):
         texts = await client.completions.create(model="tiny", prompt=["The little cat", "Tom found a box"],
@@ -161,7 +161,7 @@ def test_several_prompts_in_one_request_each_get_their_choices(served, llm):
     assert [c.text for c in texts.choices] == [o.text for o in offline(llm, ["The little cat", "Tom found a box"],
                                                                        **greedy)]
     assert [c.index for c in texts.choices] == [0, 1]
-    sampled = dict(temperature=0.8, max_tokens=6, ignore_eos=True)
+    sampled = {"temperature": 0.8, "max_tokens": 6, "ignore_eos": True}
     want = [offline(llm, [p], seed=3 + i, **sampled)[0].text for p in ([5, 6, 7], [8, 9]) for i in range(2)]
     assert [c.index for c in ids.choices] == [0, 1, 2, 3] and [c.text for c in ids.choices] == want
     assert ids.usage.prompt_tokens == 5 and ids.usage.completion_tokens == 24
@@ -238,8 +238,8 @@ def test_streamed_chat_n2_with_logprobs_and_continuous_usage(served, llm):
     """Two streamed choices: both role chunks first, then each choice's tokens under its own
     index, each chunk's usage counting that choice's tokens so far, the text and logprobs
     of each choice those of the same request unstreamed."""
-    kw = dict(model="tiny", messages=HI, max_tokens=6, temperature=1.0, seed=5, n=2, logprobs=True,
-              top_logprobs=1, extra_body={"ignore_eos": True})
+    kw = {"model": "tiny", "messages": HI, "max_tokens": 6, "temperature": 1.0, "seed": 5, "n": 2, "logprobs": True,
+              "top_logprobs": 1, "extra_body": {"ignore_eos": True}}
 
     async def body(client, http):
         chunks = [c async for c in await client.chat.completions.create(
@@ -306,7 +306,7 @@ def test_include_stop_str_in_output_keeps_the_stop_string(served, llm):
     stop = text[10:14]
 
     async def body(client, http):
-        kw = dict(model="tiny", prompt="Once upon a time", max_tokens=24, temperature=0, stop=[stop])
+        kw = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "stop": [stop]}
         cut = await client.completions.create(**kw)
         kept = await client.completions.create(**kw, extra_body={"include_stop_str_in_output": True})
         streamed = [c async for c in await client.completions.create(

@@ -365,12 +365,12 @@ def parse_request(body, chat: bool, tokenizer=None, default_max_tokens: int = 16
         value = body.get(name)
         return default if value is None else value
 
-    kw = dict(temperature=given("temperature", 1.0), top_p=given("top_p", 1.0), top_k=given("top_k", -1),
-              seed=body.get("seed"), ignore_eos=given("ignore_eos", False),
-              stop_token_ids=given("stop_token_ids", []), max_tokens=max_tokens, stop=body.get("stop"),
-              min_p=given("min_p", 0.0), min_tokens=given("min_tokens", 0), logprobs=logprobs,
-              include_stop_str_in_output=given("include_stop_str_in_output", False),
-              skip_special_tokens=given("skip_special_tokens", True))
+    kw = {"temperature": given("temperature", 1.0), "top_p": given("top_p", 1.0), "top_k": given("top_k", -1),
+              "seed": body.get("seed"), "ignore_eos": given("ignore_eos", False),
+              "stop_token_ids": given("stop_token_ids", []), "max_tokens": max_tokens, "stop": body.get("stop"),
+              "min_p": given("min_p", 0.0), "min_tokens": given("min_tokens", 0), "logprobs": logprobs,
+              "include_stop_str_in_output": given("include_stop_str_in_output", False),
+              "skip_special_tokens": given("skip_special_tokens", True)}
     try:
         params = SamplingParams(**kw)
     except InvalidParameter as e:
