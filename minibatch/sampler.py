@@ -54,8 +54,11 @@ def sample(logits: torch.Tensor, reqs: list[Request], errors: dict[int, Exceptio
     want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]
     raw_lp = torch.log_softmax(logits[want_lp].float(), dim=-1) if want_lp else None
     logits = mask_min_tokens(logits, reqs)
-    out = _sample(logits, reqs, params, errors)
-    if want_lp and logprobs is not None:
+    greedy = argmax_rows(logits)
+    if raw_lp is None and all(p.greedy for p in params):
+        return greedy.tolist()
+    out = greedy.tolist() if all(p.greedy for p in params) else _sample_rows(logits, reqs, params, greedy, errors)
+    if raw_lp is not None and logprobs is not None:
         for j, i in enumerate(want_lp):
             if errors is None or i not in errors:
                 logprobs[i] = token_logprobs(raw_lp[j], out[i], params[i].logprobs)
@@ -91,10 +94,9 @@ def mask_min_tokens(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
     return logits
 
 
-def _sample(logits: torch.Tensor, reqs: list[Request], params: list, errors) -> list[int]:
-    greedy = argmax_rows(logits)
-    if all(p.greedy for p in params):
-        return greedy.tolist()
+def _sample_rows(logits: torch.Tensor, reqs: list[Request], params: list, greedy: torch.Tensor,
+                 errors: dict[int, Exception] | None) -> list[int]:
+    """The tokens of a batch with sampled rows (greedy rows keep their ``argmax``)."""
     rows = [i for i, p in enumerate(params) if not p.greedy]
     u = torch.empty(len(rows), 1, dtype=torch.float64)
     for j, i in enumerate(rows):                   # one uniform per row; seeded rows use their own stream

@@ -35,6 +35,7 @@ EOS_PROMPT = "小明和他的狗"          # greedy: EOS (<|endoftext|>) is its 
 
 @pytest.fixture(scope="module")
 def llm():
+    """The offline reference: an engine of its own (the server's runs in its own thread)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield LLM("tiny")
@@ -43,16 +44,13 @@ def llm():
 
 @pytest.fixture(scope="module")
 def served(llm):
-    """``(AsyncEngine, app)`` over the module's engine; stopped afterwards."""
-    engine = llm.engine
-    metrics = ServingMetrics("tiny", engine.max_model_len)
-    ae = AsyncEngine(engine, metrics)
+    """``(AsyncEngine, app)`` over a second tiny engine; stopped afterwards."""
+    engine = LLM("tiny").engine
+    ae = AsyncEngine(engine, ServingMetrics("tiny", engine.max_model_len))
     state = ServerState(ae, ["tiny"], 64, None, allowed_hosts=["127.0.0.1"], prepare_threads=2)
     yield ae, build_app(state)
     ae.shutdown()
     state.pool.shutdown(wait=True)
-    engine._listeners.remove(metrics.on_event)
-    engine.stream_text = False
     assert not engine.requests and engine.kv.num_used_blocks == 0
 
 
@@ -255,7 +253,8 @@ def test_streamed_chat_n2_with_logprobs_and_continuous_usage(served, llm):
         mine = [c for c in chunks[2:] if c.choices and c.choices[0].index == i]
         assert "".join(c.choices[0].delta.content for c in mine) == whole.choices[i].message.content
         got = [x.logprob for c in mine for x in c.choices[0].logprobs.content]
-        assert got == pytest.approx([x.logprob for x in whole.choices[i].logprobs.content])
+        # the same tokens; another batch mix may change the float sums in the last digits
+        assert got == pytest.approx([x.logprob for x in whole.choices[i].logprobs.content], abs=1e-4)
         counts = [c.usage.completion_tokens for c in mine]
         assert counts == sorted(counts) and counts[-1] == 6
         assert mine[-1].choices[0].finish_reason == "length"
