@@ -6,9 +6,17 @@
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both stream with
 ``"stream": true`` as server-sent events ending in ``data: [DONE]``), ``GET /v1/models``,
-``GET /health`` (503 once the engine has failed, or while shutting down), ``GET /metrics``
-(Prometheus text). One :class:`AsyncEngine` thread batches every connection's requests
-together; each token reaches its client as soon as the step that made it ends.
+``POST /tokenize`` and ``POST /detokenize`` (vLLM's paths and shapes), ``GET /health`` (503
+once the engine has failed, or while shutting down), ``GET /metrics`` (Prometheus text).
+One :class:`AsyncEngine` thread batches every connection's requests together; each token
+reaches its client as soon as the step that made it ends. The options each endpoint
+implements, and what it refuses, are listed in ``protocol.py``; a request with several
+prompts or ``n > 1`` becomes one engine request per choice (choice ``prompt * n + i``),
+streamed side by side under their choice index.
+
+A chat stream's first event (the assistant's role, empty content) goes out together with
+the first token's event, as in vLLM, not before the first token exists: a client that
+times its first chunk as the first token measures the real time to first token.
 
 The stream contract (vLLM V1's too). An SSE event carries every token the engine
 produced for that request since the previous event was handed to the connection: the
