@@ -261,6 +261,22 @@ def test_streamed_chat_n2_with_logprobs_and_continuous_usage(served, llm):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
 
 
+def test_streamed_completions_of_two_prompts_count_usage_per_choice_and_in_total(served, llm):
+    async def body(client, http):
+        return [c async for c in await client.completions.create(
+            model="tiny", prompt=[[5, 6, 7], [8, 9]], max_tokens=5, temperature=0, stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            extra_body={"ignore_eos": True})]
+
+    chunks = run(served, body)
+    want = offline(llm, [[5, 6, 7], [8, 9]], temperature=0.0, max_tokens=5, ignore_eos=True)
+    for i, prompt_len in enumerate((3, 2)):
+        mine = [c for c in chunks if c.choices and c.choices[0].index == i]
+        assert "".join(c.choices[0].text for c in mine) == want[i].text
+        assert all(c.usage.prompt_tokens == prompt_len for c in mine) and mine[-1].usage.completion_tokens == 5
+    assert chunks[-1].choices == [] and (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (5, 10)
+
+
 def test_echo_puts_the_prompt_before_the_completion(served, llm):
     async def body(client, http):
         whole = await client.completions.create(model="tiny", prompt="The little cat", max_tokens=4,

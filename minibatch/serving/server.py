@@ -370,10 +370,10 @@ def build_app(state: ServerState):
         check_overload()                    # before any parsing (after the body: no reset upload)
         try:
             req = await asyncio.get_running_loop().run_in_executor(state.pool, prepare, raw, chat)
-            check_overload(len(req.prompts) * req.n)
         except APIError:
             state.metrics.count_http_rejection("invalid")
             raise
+        check_overload(len(req.prompts) * req.n)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         streams: list[RequestStream] = []
         try:
