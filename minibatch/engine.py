@@ -212,7 +212,7 @@ class LLMEngine:
             self.kv.cache_full_blocks(req)
         touched: list[Request] = []
         for req, token in out.sampled:
-            self._append_token(req, token, now)
+            self._append_token(req, token, now, out.logprobs.get(req.request_id))
             touched.append(req)
         for req, error in out.failed:
             if not req.is_finished:
@@ -257,6 +257,7 @@ class LLMEngine:
                 continue
             merged.sampled += out.sampled
             merged.failed += out.failed
+            merged.logprobs.update(out.logprobs)
             merged.duration += out.duration
             merged.forward_time += out.forward_time
         return merged
@@ -269,30 +270,37 @@ class LLMEngine:
         self._swap_recorded = (swapper.num_swapped_out, swapper.num_swapped_in)
         return swapper.num_swapped_out - last_out, swapper.num_swapped_in - last_in
 
-    def _append_token(self, req: Request, token: int, now: float) -> None:
+    def _append_token(self, req: Request, token: int, now: float, logprobs: tuple | None = None) -> None:
         req.output_token_ids.append(token)
         req.token_times.append(now)
+        p = req.sampling_params
+        if logprobs is not None and p.logprobs is not None:
+            req.output_logprobs.append(logprobs)
         if req.first_token_time is None:
             req.first_token_time = now
             self._emit("first_token", req)
         self._emit("token", req, token=token)
-        p = req.sampling_params
         status = None
-        if not p.ignore_eos and token in req.eos_token_ids:
+        may_stop = req.num_output_tokens > p.min_tokens     # the sampler masks stop tokens before
+        if may_stop and not p.ignore_eos and token in req.eos_token_ids:
             status = RequestStatus.FINISHED_STOPPED
-        elif token in p.stop_token_ids:
+        elif may_stop and token in p.stop_token_ids:
             status, req.stop_reason = RequestStatus.FINISHED_STOPPED, token
         if self.tokenizer is not None and (p.stop or self.stream_text):
             detok = self._detok.get(req.request_id)
             if detok is None:
-                detok = self._detok[req.request_id] = IncrementalDetokenizer(self.tokenizer)
+                detok = self._detok[req.request_id] = IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens)
             detok.push(token)
             req.output_text = detok.text
             if status is None and p.stop:
-                hit = _find_stop(req.output_text, p.stop)
+                # As vLLM's detokenizer (vllm/v1/engine/detokenizer.py, v0.11.0): a stop string
+                # counts only once min_tokens tokens exist, and must end in the text made after.
+                hit = _find_stop(req.output_text, p.stop, req.stop_search_from) if may_stop else None
+                if not may_stop:
+                    req.stop_search_from = len(req.output_text)
                 if hit is not None:
                     cut, s = hit
-                    req.output_text = req.output_text[:cut]
+                    req.output_text = req.output_text[:cut + len(s) if p.include_stop_str_in_output else cut]
                     status, req.stop_reason = RequestStatus.FINISHED_STOPPED, s
         if status is None and (req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len):
             status = RequestStatus.FINISHED_LENGTH
@@ -304,11 +312,20 @@ class LLMEngine:
         req.finish_time = self.clock.now()
         self.scheduler.remove(req)
         if self.tokenizer is not None and not isinstance(req.stop_reason, str):
-            # A full decode: the incremental one may still hold back a partial character.
-            req.output_text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
+            req.output_text = self.final_text(req)
         self._detok.pop(req.request_id, None)
         self.finished.append(req)
         self._emit("abort" if status is RequestStatus.FINISHED_ABORTED else "finish", req, reason=status.value)
+
+    def final_text(self, req: Request) -> str:
+        """A full decode of the output (the incremental one may still hold back a partial
+        character). A request stopped by EOS or a stop token id leaves that token out
+        unless ``include_stop_str_in_output`` (vLLM's detokenizer does the same)."""
+        p = req.sampling_params
+        ids = req.output_token_ids
+        if req.status is RequestStatus.FINISHED_STOPPED and not p.include_stop_str_in_output:
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens)
 
     def reject(self, prompt, params, error: str, request_id: str | None = None,
                arrival_time: float | None = None) -> Request:
@@ -330,10 +347,11 @@ class LLMEngine:
         return RequestOutput.of(self.requests[request_id])
 
 
-def _find_stop(text: str, stops: list[str]) -> tuple[int, str] | None:
+def _find_stop(text: str, stops: list[str], end_after: int = 0) -> tuple[int, str] | None:
+    """The earliest stop string in ``text`` that ends after ``end_after`` characters."""
     best = None
     for s in stops:
-        i = text.find(s)
+        i = text.find(s, max(0, end_after - len(s) + 1))
         if i >= 0 and (best is None or i < best[0]):
             best = (i, s)
     return best

@@ -38,6 +38,8 @@ class StepOutput:
     # (request, error) for requests whose part of the step failed (e.g. their sampling); the
     # engine aborts them with that error, and the rest of the step stands.
     failed: list[tuple[Request, str]] = field(default_factory=list)
+    # request_id -> (token logprob, top logprobs) for sampled requests that asked for them
+    logprobs: dict[str, tuple] = field(default_factory=dict)
 
 
 def describe_error(e: BaseException) -> str:
@@ -177,15 +179,18 @@ class ModelExecutor:
         hidden = self.model(input_ids, positions, meta, self.kv_caches)
         sampled: list[tuple[Request, int]] = []
         failed: list[tuple[Request, str]] = []
+        logprobs: dict[str, tuple] = {}
         if sample_reqs:
             # In a decode-only step every row samples: no gather.
             rows = hidden if len(sample_idx) == hidden.shape[0] else hidden[sample_idx]
             logits = self.model.compute_logits(rows)
             errors: dict[int, Exception] = {}
-            tokens = sample(logits, sample_reqs, errors)
+            row_logprobs: dict[int, tuple] = {}
+            tokens = sample(logits, sample_reqs, errors, row_logprobs)
             sampled = [(r, t) for i, (r, t) in enumerate(zip(sample_reqs, tokens)) if i not in errors]
             failed = [(sample_reqs[i], describe_error(e)) for i, e in errors.items()]
+            logprobs = {sample_reqs[i].request_id: lp for i, lp in row_logprobs.items()}
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         t2 = time.perf_counter()
-        return StepOutput(sampled, t2 - t0, t2 - t1, failed)
+        return StepOutput(sampled, t2 - t0, t2 - t1, failed, logprobs)

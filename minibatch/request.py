@@ -53,6 +53,10 @@ class Request:
         self.stop_reason: str | int | None = None
         self.error: str | None = None
         self.output_text = ""
+        # Per output token when ``sampling_params.logprobs`` is set: (its log probability,
+        # [(token id, log probability)] of the most likely tokens), the raw distribution's.
+        self.output_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
+        self.stop_search_from = 0           # stop strings must end after this many characters
         # Timestamps (engine clock, seconds).
         self.arrival_time = arrival_time
         self.first_scheduled_time: float | None = None
@@ -101,6 +105,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None
     stop_reason: str | int | None = None
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None   # see Request.output_logprobs
 
 
 @dataclass
@@ -118,6 +123,7 @@ class RequestOutput:
     @classmethod
     def of(cls, req: Request) -> "RequestOutput":
         reason = req.status.value if req.status.finished else None
-        completion = CompletionOutput(0, req.output_text, list(req.output_token_ids), reason, req.stop_reason)
+        lp = list(req.output_logprobs) if req.sampling_params.logprobs is not None else None
+        completion = CompletionOutput(0, req.output_text, list(req.output_token_ids), reason, req.stop_reason, lp)
         return cls(req.request_id, req.prompt, list(req.prompt_token_ids), [completion],
                    req.status.finished, RequestRecord.of(req, keep_tokens=False), req.error)

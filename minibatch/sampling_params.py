@@ -15,6 +15,9 @@ SEED_MIN, SEED_END = -(2 ** 63), 2 ** 64
 # bounded, so that one request's list cannot slow every step of the batch down.
 MAX_STOP_STRINGS = 64
 MAX_STOP_TOKEN_IDS = 256
+# Top log probabilities a request may ask for per token (vLLM's default --max-logprobs is 20,
+# vllm/config/model.py, v0.11.0; OpenAI's chat API allows 0..20 too).
+MAX_LOGPROBS = 20
 
 
 class InvalidParameter(ValueError):
@@ -58,7 +61,9 @@ def _bad(name: str, value, expected: str) -> InvalidParameter:
     return InvalidParameter(name, f"invalid sampling parameter {name}={show(value)}: {expected}")
 
 
-def validate_sampling(temperature, top_p, top_k, max_tokens, ignore_eos, stop, seed, stop_token_ids) -> None:
+def validate_sampling(temperature, top_p, top_k, max_tokens, ignore_eos, stop, seed, stop_token_ids,
+                      min_p=0.0, min_tokens=0, logprobs=None, include_stop_str_in_output=False,
+                      skip_special_tokens=True) -> None:
     """Raise :class:`InvalidParameter` naming the first field out of its domain.
 
     Every field is checked for its type, its range and (numbers) finiteness, so that a
@@ -67,7 +72,10 @@ def validate_sampling(temperature, top_p, top_k, max_tokens, ignore_eos, stop, s
     -1 (off) or an integer >= 1 (above the vocabulary size it keeps every token);
     ``max_tokens`` an integer >= 1; ``ignore_eos`` a bool; ``stop`` a list of at most
     :data:`MAX_STOP_STRINGS` non-empty strings; ``seed`` ``None`` or an integer in
-    [-2**63, 2**64); ``stop_token_ids`` at most :data:`MAX_STOP_TOKEN_IDS` integers >= 0.
+    [-2**63, 2**64); ``stop_token_ids`` at most :data:`MAX_STOP_TOKEN_IDS` integers >= 0;
+    ``min_p`` in [0, 1]; ``min_tokens`` an integer in [0, max_tokens]; ``logprobs`` ``None``
+    or an integer in [0, :data:`MAX_LOGPROBS`]; ``include_stop_str_in_output`` and
+    ``skip_special_tokens`` bools (vLLM's ranges, ``vllm/sampling_params.py`` v0.11.0).
     """
     if not is_finite(temperature) or temperature < 0:
         raise _bad("temperature", temperature, "must be a finite number >= 0 (0 means greedy)")
@@ -89,6 +97,16 @@ def validate_sampling(temperature, top_p, top_k, max_tokens, ignore_eos, stop, s
         raise _bad("stop_token_ids", stop_token_ids, "must be a list of integers >= 0")
     if len(stop_token_ids) > MAX_STOP_TOKEN_IDS:
         raise _bad("stop_token_ids", f"<{len(stop_token_ids)} ids>", f"at most {MAX_STOP_TOKEN_IDS} ids")
+    if not is_finite(min_p) or not 0.0 <= min_p <= 1.0:
+        raise _bad("min_p", min_p, "must be a number in [0, 1] (0 disables it)")
+    if not is_int(min_tokens) or not 0 <= min_tokens <= max_tokens:
+        raise _bad("min_tokens", min_tokens, f"must be an integer in [0, max_tokens={max_tokens}]")
+    if logprobs is not None and (not is_int(logprobs) or not 0 <= logprobs <= MAX_LOGPROBS):
+        raise _bad("logprobs", logprobs, f"must be None or an integer in [0, {MAX_LOGPROBS}]")
+    for name, value in (("include_stop_str_in_output", include_stop_str_in_output),
+                        ("skip_special_tokens", skip_special_tokens)):
+        if not isinstance(value, bool):
+            raise _bad(name, value, "must be a boolean")
 
 
 @dataclass
@@ -101,8 +119,19 @@ class SamplingParams:
     per-request generator when ``seed`` is given, so the draw is reproducible).
     Generation stops at EOS (unless ``ignore_eos``), after ``max_tokens`` tokens, or
     when the text produced so far contains one of ``stop`` (the stop string itself is
-    left out of the text). The values allowed are those of :func:`validate_sampling`;
-    a bad one raises :class:`InvalidParameter` (a ``ValueError``) naming it.
+    left out of the text unless ``include_stop_str_in_output``). The values allowed are
+    those of :func:`validate_sampling`; a bad one raises :class:`InvalidParameter` (a
+    ``ValueError``) naming it.
+
+    vLLM's further options, with its meaning (``vllm/sampling_params.py`` and
+    ``vllm/v1/sample/sampler.py``, v0.11.0): ``min_p`` drops tokens whose probability
+    (after temperature) is below ``min_p`` times the most likely one's; ``min_tokens``
+    masks EOS and ``stop_token_ids`` and ignores stop strings until that many tokens
+    exist (greedy rows too); ``logprobs`` returns, per generated token, its log
+    probability and the ``logprobs`` most likely tokens' ones, all from the model's raw
+    distribution (``log_softmax`` of the logits before temperature or any mask, vLLM's
+    default ``logprobs_mode="raw_logprobs"``); ``skip_special_tokens`` leaves special
+    tokens out of the text.
     """
 
     temperature: float = 1.0
@@ -113,6 +142,11 @@ class SamplingParams:
     stop: list[str] | str | None = None
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -130,9 +164,11 @@ class SamplingParams:
         The engine calls it again when a request is added, so a field changed after
         construction is checked too."""
         validate_sampling(self.temperature, self.top_p, self.top_k, self.max_tokens, self.ignore_eos,
-                          self.stop, self.seed, self.stop_token_ids)
+                          self.stop, self.seed, self.stop_token_ids, self.min_p, self.min_tokens,
+                          self.logprobs, self.include_stop_str_in_output, self.skip_special_tokens)
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)
+        self.min_p = float(self.min_p)
 
     @property
     def greedy(self) -> bool:

@@ -28,8 +28,9 @@ class IncrementalDetokenizer:
     ends in U+FFFD (an incomplete character) is held back until the next token.
     """
 
-    def __init__(self, tokenizer, prompt_ids: list[int] | None = None):
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
         self.ids: list[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
@@ -38,8 +39,9 @@ class IncrementalDetokenizer:
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
         tok = self.tokenizer
-        prefix = tok.decode(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
-        full = tok.decode(self.ids[self.prefix_offset:], skip_special_tokens=True)
+        skip = self.skip_special_tokens
+        prefix = tok.decode(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=skip)
+        full = tok.decode(self.ids[self.prefix_offset:], skip_special_tokens=skip)
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             piece = full[len(prefix):]
             self.prefix_offset = self.read_offset

@@ -463,9 +463,15 @@ def test_the_final_text_skips_special_tokens_and_the_detokenizer_state_is_droppe
 
 def test_a_stop_token_wins_over_a_stop_string_the_same_token_completes():
     # "c" is a stop token and also completes the stop string "bc": the token is checked first,
-    # so the request stops on the token (its text kept whole), not on the string (text cut).
-    e = engine(script={"a": ids("abcd")}, tokenizer=True)
+    # so the request stops on the token, not on the string. As in vLLM, the stop token's own
+    # text is left out (kept with include_stop_str_in_output).
+    e = engine(script={"a": ids("abcd"), "b": ids("abcd")}, tokenizer=True)
     e.add_request([3, 4], greedy(stop_token_ids=[ids("c")[0]], stop=["bc"]), request_id="a")
+    drain(e)
+    req = e.finished[-1]
+    assert req.stop_reason == ids("c")[0] and req.output_text == "ab"
+    e.add_request([3, 4], greedy(stop_token_ids=[ids("c")[0]], stop=["bc"], include_stop_str_in_output=True),
+                  request_id="b")
     drain(e)
     req = e.finished[-1]
     assert req.stop_reason == ids("c")[0] and req.output_text == "abc"

@@ -10,7 +10,13 @@ import torch
 from minibatch import LLM, SamplingParams
 from minibatch.kernels import cpu_paged
 from minibatch.request import Request
-from minibatch.sampler import apply_top_k_top_p, argmax_rows, draw_inverse_cdf, sample
+from minibatch.sampler import (
+    apply_min_p,
+    apply_top_k_top_p,
+    argmax_rows,
+    draw_inverse_cdf,
+    sample,
+)
 
 
 def test_top_k_and_top_p_masks():
@@ -238,3 +244,76 @@ def test_inverse_cdf_sums_in_float64_scales_by_the_row_total_and_falls_back_per_
     # back to its own most likely token (1), not to the batch's.
     probs = torch.tensor([[0.0, 0.1, 0.9], [0.2, 0.3, 0.0]])
     assert draw_inverse_cdf(probs, torch.tensor([[0.5], [1.0]], **f64)).tolist() == [2, 1]
+
+
+# -- vLLM's further options: min_p, min_tokens, raw logprobs ---------------------------------
+def _req(rid: str, outputs: int = 0, eos=(0,), **kw) -> Request:
+    r = Request(rid, [1], SamplingParams(**kw), 0.0, eos_token_ids=eos)
+    r.output_token_ids = [7] * outputs
+    return r
+
+
+def test_min_p_drops_tokens_below_min_p_times_the_largest_probability():
+    # probabilities 0.5, 0.3, 0.15, 0.05 (logits are their logs): min_p 0.5 keeps >= 0.25
+    z = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    kept = torch.isfinite(apply_min_p(z, [0.5]))[0].tolist()
+    assert kept == [True, True, False, False]
+    assert torch.isfinite(apply_min_p(z, [0.0])).all(), "0 keeps every token"
+    assert torch.isfinite(apply_min_p(z, [1.0]))[0].tolist() == [True, False, False, False]
+    # Row by row: the second row's min_p does not touch the first.
+    two = apply_min_p(torch.cat([z, z]), [0.0, 0.9])
+    assert torch.isfinite(two).sum(dim=-1).tolist() == [4, 1]
+
+
+def test_min_p_is_applied_after_temperature_and_masked_tokens_are_never_drawn():
+    # At T=1 token 2 has 0.15 < 0.5 * 0.5: dropped. At T=4 the distribution flattens
+    # (0.5**.25 : 0.15**.25 = 1 : 0.74) and token 2 survives min_p 0.5.
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    drawn_t1 = {sample(logits, [_req("a", temperature=1.0, min_p=0.5)])[0] for _ in range(300)}
+    drawn_t4 = {sample(logits, [_req("b", temperature=4.0, min_p=0.5)])[0] for _ in range(300)}
+    assert drawn_t1 <= {0, 1} and 2 in drawn_t4
+
+
+def test_min_tokens_masks_eos_and_stop_tokens_until_reached_in_its_row_only():
+    logits = torch.tensor([[5.0, 1.0, 4.0, 3.0, 0.0]] * 3)   # argmax 0 (EOS), then 2, then 3
+    below = _req("below", outputs=2, temperature=0.0, min_tokens=3, stop_token_ids=[2])
+    reached = _req("reached", outputs=3, temperature=0.0, min_tokens=3, stop_token_ids=[2])
+    plain = _req("plain", outputs=0, temperature=0.0)
+    assert sample(logits, [below, reached, plain]) == [3, 0, 0]
+    ignoring = _req("ignoring", outputs=0, temperature=0.0, min_tokens=1, ignore_eos=True)
+    assert sample(logits[:1], [ignoring]) == [2], "EOS is masked even with ignore_eos, as in vLLM"
+    assert float(logits[0, 0]) == 5.0, "the caller's logits are left untouched"
+    sampled = _req("sampled", outputs=0, temperature=1.0, min_tokens=2, stop_token_ids=[2], seed=1)
+    assert all(sample(logits[:1], [sampled])[0] not in (0, 2) for _ in range(200))
+
+
+def test_logprobs_are_log_softmax_of_the_raw_logits_whatever_the_sampling():
+    torch.manual_seed(3)
+    logits = torch.randn(3, 40) * 3
+    reqs = [_req("g", temperature=0.0, logprobs=4), _req("s", temperature=2.5, top_k=5, seed=9, logprobs=2),
+            _req("none", temperature=0.0)]
+    out: dict = {}
+    tokens = sample(logits, reqs, logprobs=out)
+    assert sorted(out) == [0, 1], "only rows that ask get log probabilities"
+    for row, k in ((0, 4), (1, 2)):
+        values = logits[row].double().tolist()
+        lse = math.log(sum(math.exp(v) for v in values))
+        want = [v - lse for v in values]
+        lp, top = out[row]
+        assert lp == pytest.approx(want[tokens[row]], abs=1e-5)
+        order = sorted(range(40), key=lambda t: -want[t])[:k]
+        assert [t for t, _ in top] == order
+        assert [v for _, v in top] == pytest.approx([want[t] for t in order], abs=1e-5)
+    assert tokens[0] == out[0][1][0][0], "greedy picks the most likely token"
+    assert sample(logits[:1], reqs[:1], logprobs={}) == tokens[:1]
+
+
+def test_logprobs_before_the_min_tokens_mask():
+    """The mask changes the choice but not the reported distribution (vLLM's raw logprobs are
+    taken before any logits processor): the EOS that cannot be chosen keeps its log probability."""
+    logits = torch.tensor([[5.0, 1.0, 4.0]])
+    out: dict = {}
+    assert sample(logits, [_req("m", temperature=0.0, min_tokens=1, logprobs=1)], logprobs=out) == [2]
+    lp, top = out[0]
+    raw = torch.log_softmax(logits[0].double(), dim=-1)
+    assert lp == pytest.approx(float(raw[2]), abs=1e-6) and top[0][0] == 0

@@ -189,7 +189,7 @@ BAD_INPUTS = [  # (path, body, status, words in the message, param); one or more
     ("/v1/completions", {"prompt": 42}, 400, "prompt", "prompt"),
     ("/v1/completions", {"prompt": ""}, 400, "empty", "prompt"),
     ("/v1/completions", {"prompt": []}, 400, "empty", "prompt"),
-    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "one per request", "prompt"),
+    ("/v1/completions", {"prompt": ["a", ""]}, 400, "prompt[1] is empty", "prompt"),
     ("/v1/completions", {"prompt": list(range(5, 2005))}, 400, "max_model_len", "prompt"),
     ("/v1/completions", {"prompt": "a b " * 10_000}, 400, "max_model_len", "prompt"),
     ("/v1/completions", {"prompt": [5, 99999]}, 400, "vocabulary", "prompt"),
@@ -226,7 +226,8 @@ BAD_INPUTS = [  # (path, body, status, words in the message, param); one or more
     ("/v1/completions", {"prompt": "hi", "stop": [f"s{i}" for i in range(10_000)]}, 400, "at most", "stop"),
     ("/v1/completions", {"prompt": "hi", "ignore_eos": "yes"}, 400, "ignore_eos", "ignore_eos"),
     # request fields
-    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "'n'", "n"),
+    ("/v1/completions", {"prompt": "hi", "n": 2, "temperature": 0}, 400, "greedy", "n"),
+    ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "'n'", "n"),
     ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream", "stream"),
     ("/v1/completions", {"prompt": "hi", "stream_options": {"include_usage": 1}}, 400, "include_usage",
      "include_usage"),
@@ -239,10 +240,10 @@ BAD_INPUTS = [  # (path, body, status, words in the message, param); one or more
      "response_format", "response_format"),
     (CHAT, {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools", "tools"),
     (CHAT, {"messages": HI, "tool_choice": "required"}, 400, "tool_choice", "tool_choice"),
-    (CHAT, {"messages": HI, "logprobs": True}, 400, "logprobs", "logprobs"),
-    ("/v1/completions", {"prompt": "hi", "logprobs": 2}, 400, "logprobs", "logprobs"),
+    (CHAT, {"messages": HI, "top_logprobs": 2}, 400, "`logprobs` must be set to true", "top_logprobs"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs", "logprobs"),
     ("/v1/completions", {"prompt": "hi", "frequency_penalty": 0.5}, 400, "frequency_penalty", "frequency_penalty"),
-    ("/v1/completions", {"prompt": "hi", "echo": True}, 400, "echo", "echo"),
+    ("/v1/completions", {"prompt": "hi", "echo": True, "logprobs": 1}, 400, "echo", "echo"),
 ]
 
 

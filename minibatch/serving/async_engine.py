@@ -46,6 +46,7 @@ class Delta:
     finish_reason: str | None = None     # "stop" | "length" | "abort"
     stop_reason: str | int | None = None
     error: str | None = None
+    logprobs: list = field(default_factory=list)     # one entry per token id when the request asked
 
 
 class RequestStream:
@@ -61,6 +62,7 @@ class RequestStream:
         self.num_prompt_tokens = 0
         self.text = ""
         self.token_ids: list[int] = []
+        self.logprobs: list = []            # Request.output_logprobs, as delivered
         self.finished = False
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
@@ -68,17 +70,20 @@ class RequestStream:
         self.metrics: RequestRecord | None = None
         self._pending_text: list[str] = []
         self._pending_ids: list[int] = []
+        self._pending_logprobs: list = []
         self._delivered_end = False
         self.counted = False                # counts toward AsyncEngine.num_in_flight
         self._event = asyncio.Event()
         self._on_done = on_done
 
     # Called on the event loop (scheduled from the engine thread).
-    def _update(self, text: str, ids: list[int], end: tuple | None) -> None:
+    def _update(self, text: str, ids: list[int], end: tuple | None, logprobs: list = ()) -> None:
         self.text += text
         self.token_ids += ids
+        self.logprobs += logprobs
         self._pending_text.append(text)
         self._pending_ids += ids
+        self._pending_logprobs += logprobs
         if end is not None and not self.finished:
             self.finished = True
             self.finish_reason, self.stop_reason, self.error, self.metrics = end
@@ -96,8 +101,8 @@ class RequestStream:
             self._event.clear()
             await self._event.wait()
         delta = Delta("".join(self._pending_text), self._pending_ids, self.finished,
-                      self.finish_reason, self.stop_reason, self.error)
-        self._pending_text, self._pending_ids = [], []
+                      self.finish_reason, self.stop_reason, self.error, self._pending_logprobs)
+        self._pending_text, self._pending_ids, self._pending_logprobs = [], [], []
         self._delivered_end = self.finished
         return delta
 
@@ -317,8 +322,11 @@ class AsyncEngine:
             fut.set_exception(e)
             return
         req = engine.requests[rid]
-        stops = req.sampling_params.stop
-        self._tracks[rid] = _Track(stream, max((len(s) for s in stops), default=0))
+        p = req.sampling_params
+        # Text that may still turn out to begin a stop string is held back, unless the stop
+        # string is kept in the output (then nothing sent is ever cut).
+        hold = 0 if p.include_stop_str_in_output else max((len(s) for s in p.stop), default=0)
+        self._tracks[rid] = _Track(stream, hold)
         fut.set_result(req.num_prompt_tokens)
 
     def _idle_wait(self) -> float:
@@ -339,11 +347,12 @@ class AsyncEngine:
             if track is None:
                 continue
             done = req.is_finished
-            text = self._final_text(req) if done else req.output_text
+            text = req.output_text
             if not done and track.max_stop_len > 1:     # hold back what may become a stop string
                 text = text[:max(track.sent_chars, len(text) - track.max_stop_len + 1)]
             new_text = text[track.sent_chars:]
             new_ids = req.output_token_ids[track.sent_tokens:]
+            new_lp = req.output_logprobs[track.sent_tokens:] if req.sampling_params.logprobs is not None else []
             track.sent_chars += len(new_text)
             track.sent_tokens += len(new_ids)
             end = None
@@ -352,21 +361,12 @@ class AsyncEngine:
                 del self._tracks[req.request_id]
                 engine.requests.pop(req.request_id, None)
             if new_text or new_ids or end is not None:
-                by_loop.setdefault(track.stream.loop, []).append((track.stream, new_text, new_ids, end))
+                by_loop.setdefault(track.stream.loop, []).append((track.stream, new_text, new_ids, end, new_lp))
         for loop, updates in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_apply_updates, updates)
             except RuntimeError:    # the event loop is closed: nobody is listening any more
                 pass
-
-    def _final_text(self, req: Request) -> str:
-        """The finished text. The incremental detokenizer holds back a trailing incomplete
-        character; the full decode (what offline ``generate`` returns) has it."""
-        tok = self.engine.tokenizer
-        if tok is None or isinstance(req.stop_reason, str):
-            return req.output_text
-        full = tok.decode(req.output_token_ids, skip_special_tokens=True)
-        return full if full.startswith(req.output_text) else req.output_text
 
     def _gauges(self) -> dict:
         e = self.engine
@@ -381,5 +381,5 @@ def _describe(e: BaseException | None) -> str:
 
 
 def _apply_updates(updates: list) -> None:
-    for stream, text, ids, end in updates:
-        stream._update(text, ids, end)
+    for stream, text, ids, end, *logprobs in updates:
+        stream._update(text, ids, end, *logprobs)

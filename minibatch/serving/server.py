@@ -6,9 +6,17 @@
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both stream with
 ``"stream": true`` as server-sent events ending in ``data: [DONE]``), ``GET /v1/models``,
-``GET /health`` (503 once the engine has failed, or while shutting down), ``GET /metrics``
-(Prometheus text). One :class:`AsyncEngine` thread batches every connection's requests
-together; each token reaches its client as soon as the step that made it ends.
+``POST /tokenize`` and ``POST /detokenize`` (vLLM's paths and shapes), ``GET /health`` (503
+once the engine has failed, or while shutting down), ``GET /metrics`` (Prometheus text).
+One :class:`AsyncEngine` thread batches every connection's requests together; each token
+reaches its client as soon as the step that made it ends. The options each endpoint
+implements, and what it refuses, are listed in ``protocol.py``; a request with several
+prompts or ``n > 1`` becomes one engine request per choice (choice ``prompt * n + i``),
+streamed side by side under their choice index.
+
+A chat stream's first event (the assistant's role, empty content) goes out together with
+the first token's event, as in vLLM, not before the first token exists: a client that
+times its first chunk as the first token measures the real time to first token.
 
 The stream contract (vLLM V1's too). An SSE event carries every token the engine
 produced for that request since the previous event was handed to the connection: the
@@ -70,9 +78,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from minibatch.config import add_engine_args, engine_kwargs, env
+from minibatch.sampling_params import show
 from minibatch.serving.async_engine import AsyncEngine, RequestStream
-from minibatch.serving.protocol import (APIError, GenerationRequest, bad, chunk, find_lone_surrogate,
-                                        max_prompt_chars, parse_request, render_chat, response, usage)
+from minibatch.serving.protocol import (APIError, Choice, GenerationRequest, bad, chat_logprobs, check_context,
+                                        chunk, completion_logprobs, find_lone_surrogate, max_prompt_chars,
+                                        parse_detokenize, parse_request, parse_tokenize, render_chat, response,
+                                        usage)
 from minibatch.serving.metrics import CONTENT_TYPE_LATEST, ServingMetrics
 
 DISCONNECT_POLL_S = 0.5    # how often a non-streaming request checks that its client is still there
@@ -86,6 +97,7 @@ RETRY_AFTER_S = 1
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 OPEN_PATHS = ("/health",)          # never behind the API key (load balancers probe it)
+TOKENIZER_PATHS = ("/tokenize", "/detokenize")   # vLLM's paths: outside /v1 (and its API key)
 
 
 class ServerState:
@@ -176,7 +188,7 @@ class Guard:
                 state.metrics.count_http_rejection("unauthorized")
                 return APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
                                 code="invalid_api_key")
-        if scope["method"] == "POST" and path.startswith("/v1/"):
+        if scope["method"] == "POST" and (path.startswith("/v1/") or path in TOKENIZER_PATHS):
             ctype = headers.get("content-type", "")
             if ctype.split(";", 1)[0].strip().lower() != "application/json":
                 state.metrics.count_http_rejection("media_type")
@@ -243,8 +255,11 @@ def build_app(state: ServerState):
     async def chat_completions(request: Request):
         return await generate(request, chat=True)
 
-    def check_overload() -> None:
-        if engine.num_in_flight >= state.max_concurrent_requests:
+    def check_overload(need: int = 1) -> None:
+        if need > state.max_concurrent_requests:
+            raise bad("n", f"this request asks for {need} choices, more than this server's limit of "
+                           f"{state.max_concurrent_requests} concurrent requests (--max-concurrent-requests)")
+        if engine.num_in_flight + need > state.max_concurrent_requests:
             state.metrics.count_http_rejection("overload")
             raise APIError(429, f"the server is at its limit of {state.max_concurrent_requests} "
                                 "concurrent requests; retry later", type="rate_limit_error",
@@ -284,8 +299,8 @@ def build_app(state: ServerState):
         return APIError(413, f"the request body is larger than this server's limit of {limit} bytes "
                              "(--max-request-body-bytes)", code="request_too_large", headers={"Connection": "close"})
 
-    def prepare(raw: bytes, chat: bool) -> GenerationRequest:
-        """Parse, check, render and tokenize a request (in the thread pool)."""
+    def load(raw: bytes):
+        """The JSON body (400 if it is not JSON or holds text that is not valid Unicode)."""
         try:
             body = json.loads(raw)
         except RecursionError:
@@ -296,30 +311,50 @@ def build_app(state: ServerState):
         if where is not None:
             raise bad(where, f"'{where}' holds a lone UTF-16 surrogate (such as \\ud800 without its pair), "
                              "which is not valid Unicode text")
-        req = parse_request(body, chat, llm.tokenizer, llm.max_model_len, render=False)
-        model = state.served_names[0] if req.model is None else req.model
+        return body
+
+    def served_model(model: str | None) -> str:
+        model = state.served_names[0] if model is None else model
         if model not in state.served_names:
             raise APIError(404, f"the model {model!r} does not exist; this server serves "
                                 f"{state.served_names}", param="model", code="model_not_found")
-        req.model = model
+        return model
+
+    def encode(text: str, add_special_tokens: bool) -> list[int]:
+        if not add_special_tokens:
+            return llm.tokenize(text)[1]
+        if llm.tokenizer is None:
+            raise ValueError("this model has no tokenizer; pass the prompt as a list of token ids")
+        return llm.tokenizer.encode(text, add_special_tokens=True)
+
+    def prepare(raw: bytes, chat: bool) -> GenerationRequest:
+        """Parse, check, render and tokenize a request (in the thread pool)."""
+        req = parse_request(load(raw), chat, llm.tokenizer, llm.max_model_len, render=False)
+        req.model = served_model(req.model)
         param = "messages" if chat else "prompt"
-        text = req.prompt
-        if chat:
-            chars = sum(len(m["content"]) for m in req.messages)
-        else:
-            chars = len(text) if isinstance(text, str) else 0
         limit = state.max_prompt_chars
-        if limit is not None and chars > limit:
-            raise bad(param, f"the prompt of {chars} characters is too long: that many characters make "
-                             f"more than max_model_len={llm.max_model_len} tokens with this tokenizer")
-        if chat:
-            text = render_chat(req.messages, llm.tokenizer)
-        try:
-            _, ids = llm.tokenize(text)
-            llm.validate(ids, req.params)
-        except ValueError as e:
-            raise bad(param, str(e)) from None
-        req.prompt = ids
+        ids_list, texts = [], []
+        for k, prompt in enumerate([None] if chat else req.all_prompts()):
+            where = param if chat or len(req.all_prompts()) == 1 else f"prompt[{k}]"
+            if chat:
+                chars = sum(len(m["content"]) for m in req.messages)
+            else:
+                chars = len(prompt) if isinstance(prompt, str) else 0
+            if limit is not None and chars > limit:
+                raise bad(param, f"the {where} of {chars} characters is too long: that many characters make "
+                                 f"more than max_model_len={llm.max_model_len} tokens with this tokenizer")
+            text = render_chat(req.messages, llm.tokenizer) if chat else prompt
+            try:
+                ids = encode(text, req.add_special_tokens) if isinstance(text, str) else llm.tokenize(text)[1]
+                llm.validate(ids, req.params)
+            except ValueError as e:
+                raise bad(param, str(e) if where == param else f"{where}: {e}") from None
+            check_context(req, len(ids), llm.max_model_len)
+            ids_list.append(ids)
+            if req.echo:
+                texts.append(text if isinstance(text, str) else
+                             llm.tokenizer.decode(ids) if llm.tokenizer is not None else "")
+        req.prompt, req.prompts, req.prompt_texts = ids_list[0], ids_list, texts or None
         return req
 
     async def generate(request: Request, chat: bool):
@@ -338,36 +373,89 @@ def build_app(state: ServerState):
         except APIError:
             state.metrics.count_http_rejection("invalid")
             raise
-        check_overload()
+        check_overload(len(req.prompts) * req.n)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        streams: list[RequestStream] = []
         try:
-            stream = await engine.add_request(req.prompt, req.params, rid)
-        except ValueError as e:
-            state.metrics.count_http_rejection("invalid")
-            raise APIError(400, str(e), param="messages" if chat else "prompt") from None
-        except RuntimeError as e:
-            raise APIError(503, str(e), type="server_error") from None
+            for ids in req.prompts:         # choice index = prompt index * n + i, as in vLLM
+                for i in range(req.n):
+                    sub = rid if len(req.prompts) * req.n == 1 else f"{rid}-{len(streams)}"
+                    streams.append(await engine.add_request(ids, req.choice_params(i), sub))
+        except (ValueError, RuntimeError, asyncio.CancelledError) as e:
+            for st in streams:
+                engine.abort(st.request_id)
+            if isinstance(e, ValueError):
+                state.metrics.count_http_rejection("invalid")
+                raise APIError(400, str(e), param="messages" if chat else "prompt") from None
+            if isinstance(e, RuntimeError):
+                raise APIError(503, str(e), type="server_error") from None
+            raise
         if req.stream:
-            return StreamingResponse(sse_events(engine, stream, req), media_type="text/event-stream",
+            return StreamingResponse(sse_events(engine, streams, req, rid), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        await wait_or_abort(stream, request)
-        if stream.error:
-            raise APIError(500, stream.error, type="server_error")
-        return response(rid, req.model, chat, stream.text, stream.finish_reason, stream.stop_reason,
-                        usage(stream.num_prompt_tokens, len(stream.token_ids)))
+        await wait_or_abort(streams, request)
+        failed = next((s.error for s in streams if s.error), None)
+        if failed:
+            raise APIError(500, failed, type="server_error")
+        choices = []
+        for j, st in enumerate(streams):
+            text = req.prompt_texts[j // req.n] + st.text if req.echo else st.text
+            choices.append(Choice(j, text, st.finish_reason, st.stop_reason,
+                                  format_logprobs(llm, req, st.token_ids, st.logprobs)))
+        prompt_tokens = sum(streams[k * req.n].num_prompt_tokens for k in range(len(req.prompts)))
+        return response(rid, req.model, chat, None, choices=choices,
+                        usage_=usage(prompt_tokens, sum(len(st.token_ids) for st in streams)))
 
-    async def wait_or_abort(stream: RequestStream, request: Request) -> None:
+    async def wait_or_abort(streams: list[RequestStream], request: Request) -> None:
         """Wait for the whole answer; abort it if the client goes away meanwhile."""
-        task = asyncio.ensure_future(stream.wait())
+        task = asyncio.ensure_future(asyncio.gather(*(st.wait() for st in streams)))
         try:
             while not task.done():
                 await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
                 if not task.done() and await request.is_disconnected():
-                    engine.abort(stream.request_id)
+                    for st in streams:
+                        engine.abort(st.request_id)
         finally:
-            if not task.done():      # cancelled (e.g. at shutdown): free the request's blocks
+            if not task.done():      # cancelled (e.g. at shutdown): free the requests' blocks
                 task.cancel()
-                engine.abort(stream.request_id)
+                for st in streams:
+                    engine.abort(st.request_id)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        raw = await read_body(request)
+        return await asyncio.get_running_loop().run_in_executor(state.pool, tokenize_body, raw)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        raw = await read_body(request)
+        return await asyncio.get_running_loop().run_in_executor(state.pool, detokenize_body, raw)
+
+    def tokenize_body(raw: bytes) -> dict:
+        """vLLM's ``/tokenize``: ``{count, max_model_len, tokens, token_strs}``."""
+        t = parse_tokenize(load(raw))
+        served_model(t.model)
+        tok = needs_tokenizer()
+        text = t.text if t.messages is None else render_chat(t.messages, tok, t.add_generation_prompt)
+        ids = tok.encode(text, add_special_tokens=t.add_special_tokens)
+        return {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids,
+                "token_strs": tok.convert_ids_to_tokens(ids) if t.return_token_strs else None}
+
+    def detokenize_body(raw: bytes) -> dict:
+        """vLLM's ``/detokenize``: ``{tokens}`` -> ``{prompt}``."""
+        model, ids = parse_detokenize(load(raw))
+        served_model(model)
+        tok = needs_tokenizer()
+        if llm.vocab_size is not None:
+            out = next((t for t in ids if not 0 <= t < llm.vocab_size), None)
+            if out is not None:
+                raise bad("tokens", f"token id {show(out)} is outside the vocabulary [0, {llm.vocab_size})")
+        return {"prompt": tok.decode(ids)}
+
+    def needs_tokenizer():
+        if llm.tokenizer is None:
+            raise bad(None, "this model has no tokenizer")
+        return llm.tokenizer
 
     return app
 
@@ -376,25 +464,95 @@ def sse_event(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-async def sse_events(engine: AsyncEngine, stream: RequestStream, req: GenerationRequest):
-    """Server-sent events: one OpenAI chunk per delta the stream has pending (every token
-    since the previous event, the module's stream contract), then ``[DONE]``."""
-    rid, created, chat, model = stream.request_id, int(time.time()), req.chat, req.model
+def format_logprobs(llm, req: GenerationRequest, token_ids: list[int], entries: list,
+                    text_offset: int = 0) -> dict | None:
+    """A choice's ``logprobs`` object for these tokens (``None`` when not asked for)."""
+    if req.logprobs is None:
+        return None
+    tok = llm.tokenizer
+
+    def decode(t: int) -> str:
+        return tok.decode([t]) if tok is not None else f"token_id:{t}"
+
+    if req.chat:
+        return chat_logprobs(token_ids, entries, req.logprobs, decode)
+    return completion_logprobs(token_ids, entries, req.logprobs, decode, text_offset)
+
+
+async def merged(streams: list[RequestStream]):
+    """``(index, delta)`` from every stream, as each delta comes (in index order when
+    several are ready at once)."""
+    if len(streams) == 1:
+        async for delta in streams[0]:
+            yield 0, delta
+        return
+    tasks = {asyncio.ensure_future(st.next_delta()): j for j, st in enumerate(streams)}
     try:
-        if chat:
-            yield sse_event(chunk(rid, model, created, chat, "", role=True))
-        async for delta in stream:
+        while tasks:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=tasks.get):
+                j = tasks.pop(task)
+                delta = task.result()
+                if delta is not None:
+                    tasks[asyncio.ensure_future(streams[j].next_delta())] = j
+                    yield j, delta
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def sse_events(engine: AsyncEngine, streams, req: GenerationRequest, rid: str | None = None):
+    """Server-sent events: one OpenAI chunk per delta a stream has pending (every token
+    since the previous event, the module's stream contract), then ``[DONE]``.
+
+    A chat's first event, the assistant's role with empty content, is sent only once the
+    first token exists, immediately before that token's event, as vLLM does
+    (``serving_chat.py``, ``chat_completion_stream_generator``, v0.11.0: the role chunk of
+    every choice goes out on the first output of the engine, which V1 makes when the
+    first token is sampled). So a client that takes its first chunk as the first token
+    (``vllm bench serve --backend openai-chat``) measures the real time to first token."""
+    streams = [streams] if isinstance(streams, RequestStream) else list(streams)
+    rid = rid or streams[0].request_id
+    created, chat, model = int(time.time()), req.chat, req.model
+    llm = engine.engine
+    n = max(req.n, 1)
+    sent_chars = [0] * len(streams)
+    sent_tokens = [0] * len(streams)
+
+    def prompt_tokens(j: int) -> int:
+        return streams[j].num_prompt_tokens
+
+    def running_usage(j: int) -> dict | None:
+        return usage(prompt_tokens(j), sent_tokens[j]) if req.continuous_usage else None
+
+    try:
+        first = True
+        async for j, delta in merged(streams):
             if delta.error:
                 yield sse_event(APIError(500, delta.error, type="server_error").body())
                 break
-            yield sse_event(chunk(rid, model, created, chat, delta.text, delta.finish_reason))
+            if first and chat:
+                for i in range(len(streams)):
+                    yield sse_event(chunk(rid, model, created, chat, "", role=True, index=i,
+                                          usage_=running_usage(i)))
+            first = False
+            text = delta.text
+            if req.echo and sent_tokens[j] == 0 and sent_chars[j] == 0:
+                text = req.prompt_texts[j // n] + text
+            lp = format_logprobs(llm, req, delta.token_ids, delta.logprobs, sent_chars[j])
+            sent_chars[j] += len(delta.text)
+            sent_tokens[j] += len(delta.token_ids)
+            yield sse_event(chunk(rid, model, created, chat, text, delta.finish_reason, index=j, logprobs=lp,
+                                  stop_reason=delta.stop_reason, usage_=running_usage(j)))
         if req.include_usage:
+            total_prompt = sum(prompt_tokens(k * n) for k in range(len(streams) // n))
             yield sse_event(chunk(rid, model, created, chat, None,
-                                  usage_=usage(stream.num_prompt_tokens, len(stream.token_ids))))
+                                  usage_=usage(total_prompt, sum(len(st.token_ids) for st in streams))))
         yield "data: [DONE]\n\n"
     finally:
-        if not stream.finished:     # the client went away (or shutdown): free its blocks now
-            engine.abort(rid)
+        for st in streams:
+            if not st.finished:     # the client went away (or shutdown): free its blocks now
+                engine.abort(st.request_id)
 
 
 def _timed_protocol(read_timeout: float):
