@@ -8,7 +8,10 @@ type, range, finiteness). Supported: ``/v1/completions`` and ``/v1/chat/completi
 with ``n=1``, ``prompt`` (a string, a list of token ids, or a one-element list of either),
 ``messages``, ``max_tokens`` (``max_completion_tokens``), ``temperature``, ``top_p``,
 ``top_k``, ``stop``, ``stop_token_ids``, ``seed``, ``ignore_eos`` (vLLM extensions),
-``stream`` and ``stream_options.include_usage``.
+``stream``, ``stream_options.include_usage`` and vLLM's ``return_token_ids`` (vLLM >= 0.10.2,
+``vllm/entrypoints/openai/protocol.py``: each choice then carries ``token_ids``, the
+generated ids, in a stream those of that chunk, and ``prompt_token_ids``, in a stream only in
+the first chunk; the HTTP router resumes a cut stream from them).
 
 What OpenAI clients send by default is accepted (``logprobs: false``, ``tools: []``,
 ``tool_choice: "none"``, ``response_format: {"type": "text"}``, zero penalties, ...).
@@ -79,6 +82,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     messages: list[dict] | None = None
+    return_token_ids: bool = False     # vLLM's extension (>= 0.10.2): token ids beside the text
 
 
 # -- field checks -----------------------------------------------------------------------
@@ -245,7 +249,8 @@ def parse_request(body, chat: bool, tokenizer=None, default_max_tokens: int = 16
         stream=_typed(body, "stream", lambda v: isinstance(v, bool), "a boolean", False),
         include_usage=bool(_typed(stream_options, "include_usage", lambda v: isinstance(v, bool),
                                   "a boolean", False)),
-        messages=messages)
+        messages=messages,
+        return_token_ids=bool(_typed(body, "return_token_ids", lambda v: isinstance(v, bool), "a boolean", False)))
 
 
 def max_prompt_chars(tokenizer, max_model_len: int) -> int | None:
@@ -274,21 +279,26 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def response(rid: str, model: str, chat: bool, text: str, finish_reason: str | None,
-             stop_reason, usage_: dict) -> dict:
-    """The non-streaming answer (``text_completion`` or ``chat.completion``)."""
+             stop_reason, usage_: dict, token_ids: tuple[list[int], list[int]] | None = None) -> dict:
+    """The non-streaming answer (``text_completion`` or ``chat.completion``); ``token_ids``:
+    (prompt ids, generated ids) for ``return_token_ids``."""
     if chat:
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                   "finish_reason": finish_reason, "stop_reason": stop_reason}
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
                   "stop_reason": stop_reason}
+    if token_ids is not None:
+        choice["prompt_token_ids"], choice["token_ids"] = token_ids
     return {"id": rid, "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice], "usage": usage_}
 
 
 def chunk(rid: str, model: str, created: int, chat: bool, text: str | None,
-          finish_reason: str | None = None, role: bool = False, usage_: dict | None = None) -> dict:
-    """One streamed chunk; ``text=None`` makes the usage-only chunk (empty ``choices``)."""
+          finish_reason: str | None = None, role: bool = False, usage_: dict | None = None,
+          token_ids: list[int] | None = None, prompt_token_ids: list[int] | None = None) -> dict:
+    """One streamed chunk; ``text=None`` makes the usage-only chunk (empty ``choices``);
+    ``token_ids`` / ``prompt_token_ids`` are added to the choice when given (``return_token_ids``)."""
     if text is None:
         choices = []
     elif chat:
@@ -296,6 +306,10 @@ def chunk(rid: str, model: str, created: int, chat: bool, text: str | None,
         choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
     else:
         choices = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]
+    if choices and prompt_token_ids is not None:
+        choices[0]["prompt_token_ids"] = prompt_token_ids
+    if choices and token_ids is not None:
+        choices[0]["token_ids"] = token_ids
     out = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
            "created": created, "model": model, "choices": choices}
     if usage_ is not None:

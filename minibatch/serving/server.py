@@ -45,6 +45,13 @@ client that disconnects is aborted and its KV blocks are freed. On SIGTERM (or C
 the server stops accepting connections, lets in-flight requests finish for up to
 ``--graceful-shutdown-timeout`` seconds, then aborts the rest (their streams end with
 ``finish_reason: "abort"`` and ``[DONE]``), and exits 0.
+
+Fault injection (``--enable-fault-injection``, off by default; ``minibatch.serving.faults``):
+``POST /admin/fault`` from a loopback client makes this replica slow, failing, or cut its
+streams, for chapter 29 and the HTTP router's tests.
+
+``--replicas N`` starts N of these servers and the HTTP router in front of them instead
+(``minibatch.serving.replicas``).
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ from starlette.requests import ClientDisconnect
 
 from minibatch.config import add_engine_args, engine_kwargs, env
 from minibatch.serving.async_engine import AsyncEngine, RequestStream
+from minibatch.serving.faults import FaultInjector, StreamCut, parse_fault
 from minibatch.serving.protocol import (APIError, GenerationRequest, bad, chunk, find_lone_surrogate,
                                         max_prompt_chars, parse_request, render_chat, response, usage)
 from minibatch.serving.metrics import CONTENT_TYPE_LATEST, ServingMetrics
@@ -111,6 +119,7 @@ class ServerState:
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=prepare_threads or min(4, os.cpu_count() or 1), thread_name_prefix="minibatch-prepare")
         self.draining = False
+        self.faults: FaultInjector | None = None    # set by --enable-fault-injection
 
     def host_allowed(self, host: str | None) -> bool:
         return host_allowed(host, self.allowed_hosts, self.any_ip_host)
@@ -227,6 +236,29 @@ def build_app(state: ServerState):
         text = state.metrics.render(engine.gauges, engine.num_in_flight)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
+    if state.faults is not None:
+        faults = state.faults
+
+        def loopback_only(request: Request) -> None:
+            host = request.client.host if request.client else ""
+            if host not in ("127.0.0.1", "::1", "localhost"):
+                raise APIError(403, "fault injection is only open to loopback clients", code="forbidden")
+
+        @app.get("/admin/fault")
+        async def get_fault(request: Request):
+            loopback_only(request)
+            return faults.describe()
+
+        @app.post("/admin/fault")
+        async def set_fault(request: Request):
+            loopback_only(request)
+            try:
+                body = json.loads(await request.body())
+            except ValueError as e:
+                raise bad(None, f"the request body is not valid JSON: {str(e)[:200]}") from None
+            faults.set(parse_fault(body))
+            return faults.describe()
+
     @app.get("/v1/models")
     async def models(request: Request):
         created = int(time.time())
@@ -339,6 +371,10 @@ def build_app(state: ServerState):
             state.metrics.count_http_rejection("invalid")
             raise
         check_overload()
+        if state.faults is not None:
+            state.faults.maybe_fail()
+            if state.faults.delay_s():
+                await asyncio.sleep(state.faults.delay_s())
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         try:
             stream = await engine.add_request(req.prompt, req.params, rid)
@@ -348,13 +384,14 @@ def build_app(state: ServerState):
         except RuntimeError as e:
             raise APIError(503, str(e), type="server_error") from None
         if req.stream:
-            return StreamingResponse(sse_events(engine, stream, req), media_type="text/event-stream",
+            return StreamingResponse(sse_events(engine, stream, req, state.faults), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         await wait_or_abort(stream, request)
         if stream.error:
             raise APIError(500, stream.error, type="server_error")
         return response(rid, req.model, chat, stream.text, stream.finish_reason, stream.stop_reason,
-                        usage(stream.num_prompt_tokens, len(stream.token_ids)))
+                        usage(stream.num_prompt_tokens, len(stream.token_ids)),
+                        (list(req.prompt), list(stream.token_ids)) if req.return_token_ids else None)
 
     async def wait_or_abort(stream: RequestStream, request: Request) -> None:
         """Wait for the whole answer; abort it if the client goes away meanwhile."""
@@ -376,18 +413,35 @@ def sse_event(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-async def sse_events(engine: AsyncEngine, stream: RequestStream, req: GenerationRequest):
+async def sse_events(engine: AsyncEngine, stream: RequestStream, req: GenerationRequest,
+                     faults: FaultInjector | None = None):
     """Server-sent events: one OpenAI chunk per delta the stream has pending (every token
-    since the previous event, the module's stream contract), then ``[DONE]``."""
+    since the previous event, the module's stream contract), then ``[DONE]``. With
+    ``return_token_ids`` each chunk carries its ``token_ids``, the first one also the
+    ``prompt_token_ids``. ``faults``: an injected delay per event, or a cut connection."""
     rid, created, chat, model = stream.request_id, int(time.time()), req.chat, req.model
+    ids_wanted = req.return_token_ids
+    prompt_ids = list(req.prompt) if ids_wanted else None
+    cut_after = faults.cut_after() if faults is not None else None
+    sent = 0
     try:
         if chat:
-            yield sse_event(chunk(rid, model, created, chat, "", role=True))
+            yield sse_event(chunk(rid, model, created, chat, "", role=True, prompt_token_ids=prompt_ids,
+                                  token_ids=[] if ids_wanted else None))
+            prompt_ids = None
         async for delta in stream:
             if delta.error:
                 yield sse_event(APIError(500, delta.error, type="server_error").body())
                 break
-            yield sse_event(chunk(rid, model, created, chat, delta.text, delta.finish_reason))
+            if faults is not None and faults.delay_s():
+                await asyncio.sleep(faults.delay_s())
+            yield sse_event(chunk(rid, model, created, chat, delta.text, delta.finish_reason,
+                                  token_ids=list(delta.token_ids) if ids_wanted else None,
+                                  prompt_token_ids=prompt_ids))
+            prompt_ids = None
+            sent += len(delta.token_ids)
+            if cut_after is not None and sent >= cut_after and not delta.finished:
+                raise StreamCut(f"injected fault: stream {rid} cut after {sent} tokens")
         if req.include_usage:
             yield sse_event(chunk(rid, model, created, chat, None,
                                   usage_=usage(stream.num_prompt_tokens, len(stream.token_ids))))
@@ -516,12 +570,20 @@ def make_parser() -> argparse.ArgumentParser:
                         f"(default: {DEFAULT_READ_TIMEOUT_S:g})")
     p.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGTERM")
+    p.add_argument("--enable-fault-injection", action="store_true",
+                   help="answer POST /admin/fault from loopback clients: make this server slow, fail "
+                        "requests or cut streams (tests, chapter 29; see minibatch.serving.faults)")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--replicas" or a.startswith("--replicas=") for a in argv):
+        from minibatch.serving.replicas import main as replicas_main
+
+        return replicas_main(argv)
     args = make_parser().parse_args(argv)
     from minibatch.config import EngineConfig
     from minibatch.engine import LLMEngine
@@ -547,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
     state = ServerState(AsyncEngine(llm_engine, metrics), names, limit, args.api_key, args.api_key_scope,
                         hosts, args.max_request_body_bytes, args.read_timeout)
     state.any_ip_host = any_ip
+    if args.enable_fault_injection:
+        state.faults = FaultInjector()
     server = _make_server(build_app(state), args.host, args.port, state,
                           args.graceful_shutdown_timeout, args.uvicorn_log_level)
     print(f"minibatch: serving {names[0]!r} on http://{args.host}:{args.port} "
