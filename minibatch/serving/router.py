@@ -37,7 +37,8 @@ marks the upstream unhealthy: it gets no requests until a check succeeds again.
 
 Retries and resumption. A request whose upstream fails before the answer's first byte
 (connection refused or reset, a 5xx, a 429, or a read timeout) is sent to another healthy
-upstream, at most ``--max-attempts`` upstreams in all. A stream cut after some tokens is
+upstream (one not tried by this request if there is one), at most ``--max-attempts``
+attempts per request in all, resumptions included. A stream cut after some tokens is
 resumed on another upstream: for a completion with ``temperature: 0`` (greedy), the router
 asks its upstreams for token ids (vLLM's ``return_token_ids``, vLLM >= 0.10.2, which
 minibatch's server speaks too) and re-sends ``prompt`` = the prompt's token ids + the tokens
@@ -290,6 +291,7 @@ class Proxied:
     routed: RoutedRequest
     stream: bool
     tried: set[int] = field(default_factory=set)
+    attempts: int = 0                  # upstream attempts so far, retries and resumptions included
 
 
 class RouterState:
@@ -389,9 +391,11 @@ class RouterState:
 
     # -- routing ------------------------------------------------------------------------
     def choose(self, req: Proxied) -> Upstream | None:
-        """The upstream the policy picks among the healthy ones serving the model, not tried yet."""
+        """The upstream the policy picks among the healthy ones serving the model that this
+        request has not tried yet (if it tried them all: among all the healthy ones)."""
         model = req.routed.model
-        cands = [u for u in self.upstreams if u.healthy and u.serves(model) and u.index not in req.tried]
+        healthy = [u for u in self.upstreams if u.healthy and u.serves(model)]
+        cands = [u for u in healthy if u.index not in req.tried] or healthy
         if not cands:
             return None
         tokens = req.routed.prompt_token_ids or []
@@ -469,13 +473,16 @@ class RouterState:
         """Open ``body`` on the upstreams the policy picks until one answers (< 500, not 429), at
         most ``max_attempts`` tries. Returns ``(upstream, response)``; raises an APIError if none does."""
         last: UpstreamFailed | None = None
-        for attempt in range(self.max_attempts):
+        first = True
+        while req.attempts < self.max_attempts:
             u = self.choose(req)
             if u is None:
                 break
             req.tried.add(u.index)
-            if attempt and on_attempt is not None:
+            req.attempts += 1
+            if not first and on_attempt is not None:
                 on_attempt()
+            first = False
             self.begin(u, req)
             try:
                 return u, await self.open(u, req, body)
@@ -488,15 +495,16 @@ class RouterState:
     def no_upstream(self, req: Proxied, last: UpstreamFailed | None) -> APIError:
         if last is None:
             self.metrics.rejected.labels("no_upstream").inc()
-            return APIError(503, f"no healthy upstream serves the model {req.routed.model!r} "
-                                 f"(tried {len(req.tried)}); retry later", type="server_error",
+            return APIError(503, f"no healthy upstream serves the model {req.routed.model!r}; retry later",
+                            type="server_error",
                             code="no_healthy_upstream", headers={"Retry-After": str(RETRY_AFTER_S)})
         self.metrics.rejected.labels("upstream_failed").inc()
         if last.status == 429 and last.body:
             with contextlib.suppress(ValueError):
                 return APIError(429, json.loads(last.body)["error"]["message"], type="rate_limit_error",
                                 code="rate_limit_exceeded", headers={"Retry-After": str(RETRY_AFTER_S)})
-        return APIError(502, f"every upstream tried failed ({len(req.tried)}); the last: {last}",
+        return APIError(502, f"every attempt failed ({req.attempts} on {len(req.tried)} upstreams, "
+                             f"--max-attempts {self.max_attempts}); the last: {last}",
                         type="server_error", code="upstream_failed")
 
 
@@ -859,7 +867,7 @@ def add_router_args(p: argparse.ArgumentParser, upstreams: bool = True) -> None:
                    help="requests in flight upstream before queueing (default: 256)")
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot before 429")
     p.add_argument("--queue-timeout", type=float, default=30.0, help="seconds a request may wait for a slot")
-    p.add_argument("--max-attempts", type=int, default=3, help="upstreams tried per request (default: 3)")
+    p.add_argument("--max-attempts", type=int, default=3, help="upstream attempts per request, retries and resumptions included (default: 3)")
     p.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL_S,
                    help="seconds between health and /metrics polls of each upstream")
     p.add_argument("--health-timeout", type=float, default=DEFAULT_HEALTH_TIMEOUT_S)
