@@ -36,10 +36,13 @@ def wait_for(cond, timeout: float = WAIT_S, what: str = "condition"):
 @pytest.fixture(scope="module")
 def upstreams(tmp_path_factory):
     d = tmp_path_factory.mktemp("upstreams")
-    servers = []
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:     # start both at once
+        futures = [pool.submit(ServerProcess, d / f"{name}.log", "--max-num-seqs", "8", "--enable-fault-injection")
+                   for name in ("a", "b")]
+    servers = [f.result() for f in futures if f.exception() is None]
     try:
-        for name in ("a", "b"):
-            servers.append(ServerProcess(d / f"{name}.log", "--max-num-seqs", "8", "--enable-fault-injection"))
+        if len(servers) < 2:
+            raise next(f.exception() for f in futures if f.exception() is not None)
         yield servers
     finally:
         for s in servers:
@@ -113,6 +116,107 @@ def stream_events(url: str, path: str, body: dict) -> list:
 def reference(upstreams):
     """Greedy answers straight from one server (text and token ids), the routers' yardstick."""
     return {p: complete(upstreams[0].url, p, 24, return_token_ids=True)["choices"][0] for p in PROMPTS}
+
+
+# -- the router's parts, in process (no servers) ---------------------------------------------------
+def test_parse_metrics_sums_vllm_gauges_over_labels():
+    from minibatch.serving.router import parse_metrics
+
+    page = ("# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n"
+            'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+            'vllm:num_requests_running{engine="1",model_name="m"} 2.0\n'
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 4.0\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+            'vllm:num_requests_running_other{engine="0"} 100.0\n'
+            'vllm:e2e_request_latency_seconds_bucket{le="0.3"} 7.0\n')
+    assert parse_metrics(page) == {"vllm:num_requests_running": 5.0, "vllm:num_requests_waiting": 4.0,
+                                   "vllm:kv_cache_usage_perc": 0.25}
+
+
+def test_view_counts_the_routers_own_requests_when_the_poll_lags():
+    from minibatch.serving.router import Upstream
+
+    u = Upstream(0, "http://x", healthy=True, num_running=1, num_waiting=0, kv_usage=0.5)
+    assert u.view(16).num_requests == 1
+    u.in_flight = 4                      # sent since the last poll
+    v = u.view(16)
+    assert v.num_requests == 4 and v.num_running == 1 and v.kv_usage == 0.5
+
+
+def test_prefix_aware_keeps_a_shared_prefix_on_one_upstream():
+    from minibatch.serving.router import Proxied, RouterState, Tokens
+
+    state = RouterState(["http://a", "http://b", "http://c"], "prefix_aware", tokenizer="tiny")
+    state.tokens = Tokens.for_model("tiny")
+    assert state.tokens.tokenizer is not None
+    for u in state.upstreams:
+        u.healthy, u.models = True, ["tiny"]
+    system = "You are a helpful assistant who tells short stories about cats. " * 4
+
+    def pick(prompt: str) -> int:
+        body = {"model": "tiny", "prompt": prompt}
+        req = Proxied("/v1/completions", False, body, {}, state.routed_request(body, False), False)
+        u = state.choose(req)
+        return u.index
+
+    first = pick(system + "Tom")
+    assert [pick(system + q) for q in ("Anna", "Ben", "Cleo")] == [first] * 3
+    assert pick("Something else entirely, with nothing in common") != first
+
+
+def test_bytes_stand_in_for_tokens_without_a_local_tokenizer():
+    from minibatch.serving.router import Tokens
+
+    t = Tokens.for_model("some-org/some-remote-model")
+    assert t.tokenizer is None and t.encode("hé") == list("hé".encode())
+
+
+def test_admission_queues_then_refuses_with_retry_after():
+    from minibatch.serving.protocol import APIError
+    from minibatch.serving.router import Admission
+
+    async def run():
+        adm = Admission(max_concurrent=1, max_queue=1, queue_timeout=30)
+        await adm.acquire()
+        queued = asyncio.ensure_future(adm.acquire())
+        await asyncio.sleep(0)
+        assert adm.waiting == 1 and not queued.done()
+        with pytest.raises(APIError) as e:
+            await adm.acquire()
+        assert e.value.status == 429 and e.value.headers["Retry-After"] == "1"
+        await adm.release()
+        await asyncio.wait_for(queued, 5)
+        assert adm.in_flight == 1 and adm.waiting == 0
+        short = Admission(max_concurrent=1, max_queue=1, queue_timeout=0.05)
+        await short.acquire()
+        with pytest.raises(APIError) as e:
+            await short.acquire()            # nothing frees a slot: 429 after the queue timeout
+        assert e.value.status == 429 and short.waiting == 0
+
+    asyncio.run(run())
+
+
+def test_fault_bodies_are_checked():
+    from minibatch.serving.faults import FaultInjector, parse_fault
+    from minibatch.serving.protocol import APIError
+
+    with pytest.raises(APIError, match="'kind'"):
+        parse_fault({"kind": "explode"})
+    with pytest.raises(APIError, match="'rate'"):
+        parse_fault({"kind": "error", "rate": 2})
+    f = FaultInjector()
+    f.set(parse_fault({"kind": "cut_stream", "after_tokens": 5, "count": 2}))
+    assert [f.cut_after() for _ in range(3)] == [5, 5, None]
+    f.set(parse_fault({"kind": "error", "rate": 0.5, "seed": 1}))
+    outcomes = []
+    for _ in range(200):
+        try:
+            f.maybe_fail()
+            outcomes.append(0)
+        except APIError as e:
+            assert e.status == 500
+            outcomes.append(1)
+    assert 60 < sum(outcomes) < 140
 
 
 # -- serving through the router ---------------------------------------------------------------

@@ -140,7 +140,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--router-max-queue", type=int, default=256)
     p.add_argument("--router-max-attempts", type=int, default=3)
     p.add_argument("--router-poll-interval", type=float, default=0.5)
-    p.add_argument("--router-upstream-timeout", type=float, default=60.0)
+    p.add_argument("--router-upstream-timeout", type=float, default=300.0)
     p.add_argument("--startup-timeout", type=float, default=180.0, help="seconds for every replica to be healthy")
     p.add_argument("--replica-stop-timeout", type=float, default=15.0,
                    help="seconds each replica has to exit after SIGTERM before SIGKILL")

@@ -82,7 +82,7 @@ from minibatch.serving.protocol import APIError
 
 DEFAULT_POLL_INTERVAL_S = 0.5
 DEFAULT_HEALTH_TIMEOUT_S = 2.0
-DEFAULT_UPSTREAM_TIMEOUT_S = 60.0
+DEFAULT_UPSTREAM_TIMEOUT_S = 300.0   # a silent gap (a whole answer, when not streamed)
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_MAX_BODY_BYTES = 4 * 2 ** 20
 RETRY_AFTER_S = 1
@@ -244,7 +244,7 @@ class Admission:
         self.in_flight -= 1
         if self._cond is not None:
             async with self._cond:
-                self._cond.notify(1)
+                self._cond.notify_all()       # (one waiter may have timed out meanwhile)
 
 
 class Tokens:
@@ -346,8 +346,10 @@ class RouterState:
                 return u.models[0]
         return None
 
-    def known_models(self) -> list[str]:
-        return list(dict.fromkeys(m for u in self.upstreams if u.healthy and u.models for m in u.models))
+    def known_models(self, healthy_only: bool = True) -> list[str]:
+        """Model ids the upstreams serve (``healthy_only=False``: also those of upstreams now down)."""
+        return list(dict.fromkeys(m for u in self.upstreams if (u.healthy or not healthy_only) and u.models
+                                  for m in u.models))
 
     # -- health and load --------------------------------------------------------------
     async def _poll_forever(self) -> None:
@@ -765,7 +767,7 @@ def build_app(state: RouterState) -> FastAPI:
             raise invalid("'model' is required", param="model")
         if not isinstance(model, str):
             raise invalid(f"'model' must be a string, got {type(model).__name__}", param="model")
-        known = state.known_models()
+        known = state.known_models(healthy_only=False)     # a model whose upstreams are down: 503 later
         if known and model not in known:
             raise invalid(f"the model {model!r} does not exist; the upstreams serve {known}", 404,
                           param="model", code="model_not_found")
