@@ -7,7 +7,8 @@ prompts of ``--input-len`` tokens, ``--output-len`` tokens each (``ignore_eos``)
 streamed, at most ``--concurrency`` in flight.
 
 1. Overhead: one ``minibatch serve`` process, directly vs through ``python -m minibatch
-   router`` with that one upstream. Goal (issue 19): >= 0.9x the direct throughput and
+   router`` with that one upstream, at ``--overhead-concurrency`` requests in flight (1: the
+   latency the hop adds; 16: a loaded server, where the router's CPU competes with it). Goal (issue 19): >= 0.9x the direct throughput and
    <= +5 ms TTFT p50 on loopback.
 2. Scale: 2 replicas behind the router vs 1 server alone, and the same requests (all sent
    at once) in the simulator's cluster (``minibatch.cluster.run(..., executor="sim",
@@ -119,7 +120,7 @@ def simulated(args) -> dict[str, float]:
         wl = synthetic(args.num_prompts, math.inf, input_len=args.input_len, output_len=args.output_len, seed=0)
         res = cluster.run(wl, replicas=n, router="least_requests", executor="sim", model="tiny",
                           hardware="cpu", max_num_seqs=args.max_num_seqs)
-        out[f"sim {n} replica(s)"] = res.summary()["output_throughput"]
+        out[f"sim {n} replica(s)"] = res.summary()["throughput_tok_s"]
     return out
 
 
@@ -130,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=48)
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=32)
-    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--concurrency", type=int, default=16, help="requests in flight (scale)")
+    p.add_argument("--overhead-concurrency", type=int, nargs="+", default=[1, 16],
+                   help="requests in flight for the overhead runs: 1 shows the added latency alone")
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--policy", default="least_requests")
     args = p.parse_args(argv)
@@ -147,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.only in (None, "overhead"):
                 r1 = Proc("router", "--upstream", a.url, "--policy", args.policy, log_dir=logs)
                 procs.append(r1)
-                show("Router overhead, 1 server", alternate({"direct": a.url, "via router": r1.url}, args), "direct")
+                for c in args.overhead_concurrency:
+                    at = argparse.Namespace(**{**vars(args), "concurrency": c})
+                    show(f"Router overhead, 1 server, concurrency {c}",
+                         alternate({"direct": a.url, "via router": r1.url}, at), "direct")
                 r1.stop()
             if args.only in (None, "scale"):
                 b = Proc("serve", *engine, log_dir=logs)

@@ -442,6 +442,8 @@ def test_killed_upstream_loses_no_request_and_comes_back(rr, upstreams, referenc
         if kind == "chat":
             continue                     # content, or an error event: either ends cleanly
         assert not any("error" in e for e in payload[:-1]), (i, payload)
+        # the ids the router asks its upstreams for are not shown to a client that did not ask
+        assert not any("token_ids" in e["choices"][0] for e in payload[:-1] if e["choices"])
         assert "".join(e["choices"][0]["text"] for e in payload[:-1] if e["choices"]) == want["text"]
     b.proc.wait(10)
     assert sent_again() > before     # b had requests in flight when it died: they went to a

@@ -64,6 +64,7 @@ import asyncio
 import contextlib
 import json
 import math
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -90,6 +91,7 @@ POLLED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cac
           "minibatch:kv_cache_used_blocks", "minibatch:kv_cache_total_blocks")
 # What a resumed stream's client should not see unless it asked: the ids the router requests.
 ID_FIELDS = ("token_ids", "prompt_token_ids")
+IDS_RE = re.compile(r',\s*"token_ids"\s*:\s*\[([0-9,\s]*)\]')
 
 
 class UpstreamFailed(Exception):
@@ -545,14 +547,16 @@ class StreamRelay:
             self.prompt_ids = list(p)
         self.produced: list[int] = []       # token ids relayed so far
         self.ids_known = True               # every relayed chunk carried its token ids
-        self.text = ""                      # text relayed so far
+        self._texts: list[str] = []         # text relayed so far, in pieces
+        self._raw: list[str] = []           # chunks relayed by the fast path, text not yet read
         self.detok = None                   # after a resume: the router's own detokenizer
         self.rid: str | None = None
         self.finish_seen = False
         self.segment = 0
 
     def _fix(self, obj: dict) -> dict:
-        """A chunk of a resumed stream as the client should see it."""
+        """A chunk as the client should see it (ids, usage and text of a resumed stream fixed)."""
+        self._flush_raw()                    # keep the text pieces in order
         if self.rid is None:
             self.rid = obj.get("id")
         elif "id" in obj:
@@ -574,10 +578,11 @@ class StreamRelay:
                 if self.detok is not None:
                     for t in ids:
                         self.detok.push(t)
-                    if self.detok.text.startswith(self.text) and "text" in c:
-                        c["text"] = self.detok.text[len(self.text):]
+                    sent = self.text
+                    if self.detok.text.startswith(sent) and "text" in c:
+                        c["text"] = self.detok.text[len(sent):]
             if "text" in c:
-                self.text += c["text"] or ""
+                self._texts.append(c["text"] or "")
             if c.get("finish_reason") is not None:
                 self.finish_seen = True
             if self.segment and "prompt_token_ids" in c:
@@ -586,6 +591,35 @@ class StreamRelay:
                 for k in ID_FIELDS:
                     c.pop(k, None)
         return obj
+
+    @property
+    def text(self) -> str:
+        """The text relayed so far (the fast path's chunks are parsed only when this is read)."""
+        self._flush_raw()
+        if len(self._texts) > 1:
+            self._texts = ["".join(self._texts)]
+        return self._texts[0] if self._texts else ""
+
+    def _flush_raw(self) -> None:
+        for data in self._raw:
+            for c in json.loads(data).get("choices") or []:
+                self._texts.append(c.get("text") or "")
+        self._raw = []
+
+    def fast(self, data: str) -> bytes | None:
+        """An ordinary chunk of the first upstream, relayed without a JSON round trip: its token
+        ids are read (and cut out if the client did not ask for them) with a regex. None: the
+        chunk needs :meth:`_fix` (the first one, the last, usage, errors, or another layout)."""
+        if (self.segment or self.rid is None or '"finish_reason":null' not in data or '"usage"' in data
+                or '"prompt_token_ids"' in data or '"error"' in data):
+            return None
+        m = IDS_RE.search(data)
+        if m is None or IDS_RE.search(data, m.end()) is not None:
+            return None
+        self.produced += [int(x) for x in m.group(1).split(",") if x.strip()]
+        self._raw.append(data)
+        out = data if self.want_ids else data[:m.start()] + data[m.end():]
+        return b"data: " + out.encode() + b"\n\n"
 
     def resume_body(self) -> dict | None:
         """The request that continues this stream on another upstream, or None if it cannot."""
@@ -621,6 +655,10 @@ class StreamRelay:
                         if data.strip() == "[DONE]":
                             yield b"data: [DONE]\n\n"
                             return
+                        quick = self.fast(data)
+                        if quick is not None:
+                            yield quick
+                            continue
                         try:
                             obj = json.loads(data)
                         except ValueError:
