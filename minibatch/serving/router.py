@@ -504,7 +504,7 @@ class RouterState:
                             code="no_healthy_upstream", headers={"Retry-After": str(RETRY_AFTER_S)})
         self.metrics.rejected.labels("upstream_failed").inc()
         if last.status == 429 and last.body:
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, KeyError, TypeError):
                 return APIError(429, json.loads(last.body)["error"]["message"], type="rate_limit_error",
                                 code="rate_limit_exceeded", headers={"Retry-After": str(RETRY_AFTER_S)})
         return APIError(502, f"every attempt failed ({req.attempts} on {len(req.tried)} upstreams, "
@@ -527,7 +527,7 @@ async def sse_data(resp: aiohttp.ClientResponse):
                 yield "\n".join(data)
                 data = []
         elif line.startswith("data:"):
-            data.append(line[5:].lstrip(" ") if line[5:6] == " " else line[5:])
+            data.append(line[6:] if line[5:6] == " " else line[5:])     # one leading space is dropped
 
 
 class StreamRelay:
@@ -688,9 +688,10 @@ class StreamRelay:
                     return
                 state.metrics.retries.labels(kind).inc()
                 if self.resp.status != 200:
+                    status = self.resp.status
                     text = (await self.resp.read()).decode("utf-8", "replace")
                     self.close_attempt()
-                    yield self.error_event(f"resuming the stream failed: {self.resp.status} {text[:300]}")
+                    yield self.error_event(f"resuming the stream failed: {status} {text[:300]}")
                     return
                 if self.produced:
                     self.segment += 1
