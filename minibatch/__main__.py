@@ -1,7 +1,9 @@
-"""Command line: ``python -m minibatch {generate,serve,bench,simulate,profile}``.
+"""Command line: ``python -m minibatch {generate,serve,router,bench,simulate,profile}``.
 
     generate   run prompts through the offline API (``LLM.generate``) and print the text
-    serve      an OpenAI-compatible HTTP server (minibatch.serving.server)
+    serve      an OpenAI-compatible HTTP server (minibatch.serving.server); ``--replicas N``: N of
+               them behind the router (minibatch.serving.replicas)
+    router     an OpenAI-compatible HTTP router in front of OpenAI servers (minibatch.serving.router)
     bench      ``bench serve``: a load generator for any OpenAI-compatible server (minibatch.bench)
     simulate   replay a trace or named workload in the simulator (minibatch.sim.cli)
     profile    time the real engine's steps and fit the simulator's cost model (minibatch.sim.calibrate)
@@ -19,7 +21,7 @@ import sys
 from minibatch.config import add_engine_args, engine_kwargs
 
 # Subcommands with a parser of their own: the rest of the command line is handed over.
-DELEGATED = {"serve": "minibatch.serving.server", "bench": "minibatch.bench",
+DELEGATED = {"serve": "minibatch.serving.server", "router": "minibatch.serving.router", "bench": "minibatch.bench",
              "simulate": "minibatch.sim.cli", "profile": "minibatch.sim.calibrate"}
 
 

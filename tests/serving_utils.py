@@ -20,10 +20,13 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, log_path, *args: str, threads: int | None = 1):
+    def __init__(self, log_path, *args: str, threads: int | None = 1, port: int | None = None,
+                 command: str = "serve"):
         """``threads``: torch CPU threads of the server (OMP_NUM_THREADS); tests use one so
-        that the server and the test process do not fight over a small machine's cores."""
-        self.port = free_port()
+        that the server and the test process do not fight over a small machine's cores.
+        ``port``: a given port (a restart on the same address) instead of a free one;
+        ``command``: the ``python -m minibatch`` subcommand (``serve``, ``router``)."""
+        self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
@@ -31,7 +34,7 @@ class ServerProcess:
         if threads:
             env["OMP_NUM_THREADS"] = str(threads)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "minibatch", "serve", "--port", str(self.port),
+            [sys.executable, "-m", "minibatch", command, "--port", str(self.port),
              "--uvicorn-log-level", "warning", *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self._wait_ready()

@@ -298,3 +298,56 @@ def test_host_allow_list():
     assert set(names) == {"localhost", "127.0.0.1", "::1"} and not any_ip
     names, any_ip = default_allowed_hosts("0.0.0.0")
     assert any_ip and "localhost" in names
+
+
+# -- fault injection and return_token_ids (the HTTP router's needs) --------------------------------
+def test_fault_injection_is_off_by_default_and_loopback_only(served):
+    from minibatch.serving.faults import FaultInjector
+
+    _, state, app = served
+
+    async def run():
+        async with client(app) as c:
+            assert (await c.post("/admin/fault", json={"kind": "none"})).status_code == 404
+        state.faults = FaultInjector()
+        faulty = build_app(state)
+        remote = httpx.AsyncClient(transport=httpx.ASGITransport(app=faulty, client=("10.1.2.3", 4000)),
+                                   base_url="http://127.0.0.1", headers=JSON, timeout=DEADLINE_S)
+        async with remote:
+            r = await remote.post("/admin/fault", json={"kind": "error"})
+            assert r.status_code == 403 and "loopback" in r.json()["error"]["message"]
+        async with client(faulty) as c:
+            r = await c.post("/admin/fault", json={"kind": "error", "rate": 1.0, "status": 503})
+            assert r.status_code == 200 and r.json()["kind"] == "error"
+            r = await c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+            assert r.status_code == 503 and r.json()["error"]["code"] == "injected_fault"
+            assert (await c.post("/admin/fault", json={"kind": "none"})).status_code == 200
+            r = await c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+            assert r.status_code == 200
+
+    asyncio.run(run())
+
+
+def test_return_token_ids_gives_the_prompt_and_generated_ids(served, llm):
+    _, _, app = served
+    want = offline(llm, [[5, 6, 7]])[0].outputs[0]
+
+    async def run():
+        async with client(app) as c:
+            body = {"prompt": [5, 6, 7], "max_tokens": GREEDY["max_tokens"], "temperature": 0,
+                    "ignore_eos": True, "return_token_ids": True}
+            whole = (await c.post("/v1/completions", json=body)).json()["choices"][0]
+            events = []
+            async with c.stream("POST", "/v1/completions", json=dict(body, stream=True)) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        events.append(json.loads(line[6:]))
+            plain = (await c.post("/v1/completions", json=dict(body, return_token_ids=False))).json()
+            return whole, events, plain
+
+    whole, events, plain = asyncio.run(run())
+    assert whole["prompt_token_ids"] == [5, 6, 7] and whole["token_ids"] == list(want.token_ids)
+    assert events[0]["choices"][0]["prompt_token_ids"] == [5, 6, 7]
+    assert all("prompt_token_ids" not in e["choices"][0] for e in events[1:])
+    assert [t for e in events for t in e["choices"][0]["token_ids"]] == list(want.token_ids)
+    assert "token_ids" not in plain["choices"][0]

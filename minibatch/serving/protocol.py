@@ -65,7 +65,8 @@ MAX_CHOICES = 128              # prompts x n of one request: each is an engine r
 # The fields each endpoint implements.
 COMMON_FIELDS = {"model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                  "stop_token_ids", "ignore_eos", "min_tokens", "include_stop_str_in_output",
-                 "skip_special_tokens", "add_special_tokens", "stream", "stream_options", "logprobs"}
+                 "skip_special_tokens", "add_special_tokens", "stream", "stream_options", "logprobs",
+                 "return_token_ids"}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo"}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"}
 # Fields that cannot change the answer: accepted and ignored.
@@ -140,6 +141,11 @@ class GenerationRequest:
     max_tokens_param: str | None = "max_tokens"   # the field that set max_tokens (None: defaulted)
     add_special_tokens: bool = False
     prompt_texts: list | None = None   # each prompt's text, for echo
+    # vLLM's extension (>= 0.10.2, ``vllm/entrypoints/openai/protocol.py``): each choice also
+    # carries ``token_ids``, the generated ids (in a stream, those of that chunk), and
+    # ``prompt_token_ids`` (in a stream, only in its first chunk); the HTTP router resumes a cut
+    # stream from them.
+    return_token_ids: bool = False
 
     def all_prompts(self) -> list:
         return [self.prompt] if self.prompts is None else self.prompts
@@ -381,7 +387,8 @@ def parse_request(body, chat: bool, tokenizer=None, default_max_tokens: int = 16
     return GenerationRequest(
         chat=chat, model=model, prompt=prompt, params=params, stream=stream, include_usage=include_usage,
         messages=messages, prompts=prompts, n=n, echo=echo, logprobs=logprobs, continuous_usage=continuous,
-        max_tokens_param=max_name, add_special_tokens=add_special)
+        max_tokens_param=max_name, add_special_tokens=add_special,
+        return_token_ids=bool(_typed(body, "return_token_ids", lambda v: isinstance(v, bool), "a boolean", False)))
 
 
 def check_context(req: GenerationRequest, num_prompt_tokens: int, max_model_len: int) -> None:
@@ -477,6 +484,7 @@ class Choice:
     finish_reason: str | None
     stop_reason: str | int | None = None
     logprobs: dict | None = None
+    token_ids: tuple[list[int], list[int]] | None = None   # (prompt ids, generated ids): return_token_ids
 
 
 def response(rid: str, model: str, chat: bool, text, finish_reason: str | None = None,
@@ -493,14 +501,18 @@ def response(rid: str, model: str, chat: bool, text, finish_reason: str | None =
         else:
             out.append({"index": c.index, "text": c.text, "logprobs": c.logprobs,
                         "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+        if c.token_ids is not None:
+            out[-1]["prompt_token_ids"], out[-1]["token_ids"] = c.token_ids
     return {"id": rid, "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": out, "usage": usage_}
 
 
 def chunk(rid: str, model: str, created: int, chat: bool, text: str | None,
           finish_reason: str | None = None, role: bool = False, usage_: dict | None = None,
-          index: int = 0, logprobs: dict | None = None, stop_reason=None) -> dict:
-    """One streamed chunk; ``text=None`` makes the usage-only chunk (empty ``choices``)."""
+          index: int = 0, logprobs: dict | None = None, stop_reason=None,
+          token_ids: list[int] | None = None, prompt_token_ids: list[int] | None = None) -> dict:
+    """One streamed chunk; ``text=None`` makes the usage-only chunk (empty ``choices``);
+    ``token_ids`` / ``prompt_token_ids`` are added to the choice when given (``return_token_ids``)."""
     if text is None:
         choices = []
     elif chat:
@@ -510,6 +522,10 @@ def chunk(rid: str, model: str, created: int, chat: bool, text: str | None,
         choices = [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]
     if choices and finish_reason is not None:
         choices[0]["stop_reason"] = stop_reason
+    if choices and prompt_token_ids is not None:
+        choices[0]["prompt_token_ids"] = prompt_token_ids
+    if choices and token_ids is not None:
+        choices[0]["token_ids"] = token_ids
     out = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
            "created": created, "model": model, "choices": choices}
     if usage_ is not None:

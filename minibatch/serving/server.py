@@ -53,6 +53,13 @@ client that disconnects is aborted and its KV blocks are freed. On SIGTERM (or C
 the server stops accepting connections, lets in-flight requests finish for up to
 ``--graceful-shutdown-timeout`` seconds, then aborts the rest (their streams end with
 ``finish_reason: "abort"`` and ``[DONE]``), and exits 0.
+
+Fault injection (``--enable-fault-injection``, off by default; ``minibatch.serving.faults``):
+``POST /admin/fault`` from a loopback client makes this replica slow, failing, or cut its
+streams, for chapter 29 and the HTTP router's tests.
+
+``--replicas N`` starts N of these servers and the HTTP router in front of them instead
+(``minibatch.serving.replicas``).
 """
 
 from __future__ import annotations
@@ -80,11 +87,26 @@ from starlette.requests import ClientDisconnect
 from minibatch.config import add_engine_args, engine_kwargs, env
 from minibatch.sampling_params import show
 from minibatch.serving.async_engine import AsyncEngine, RequestStream
-from minibatch.serving.protocol import (APIError, Choice, GenerationRequest, bad, chat_logprobs, check_context,
-                                        chunk, completion_logprobs, find_lone_surrogate, max_prompt_chars,
-                                        parse_detokenize, parse_request, parse_tokenize, render_chat, response,
-                                        usage)
+from minibatch.serving.faults import FaultInjector, StreamCut, parse_fault
 from minibatch.serving.metrics import CONTENT_TYPE_LATEST, ServingMetrics
+from minibatch.serving.protocol import (
+    APIError,
+    Choice,
+    GenerationRequest,
+    bad,
+    chat_logprobs,
+    check_context,
+    chunk,
+    completion_logprobs,
+    find_lone_surrogate,
+    max_prompt_chars,
+    parse_detokenize,
+    parse_request,
+    parse_tokenize,
+    render_chat,
+    response,
+    usage,
+)
 
 DISCONNECT_POLL_S = 0.5    # how often a non-streaming request checks that its client is still there
 HARD_SHUTDOWN_MARGIN_S = 5.0   # after the graceful timeout and the aborts, uvicorn cuts what is left
@@ -123,6 +145,7 @@ class ServerState:
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=prepare_threads or min(4, os.cpu_count() or 1), thread_name_prefix="minibatch-prepare")
         self.draining = False
+        self.faults: FaultInjector | None = None    # set by --enable-fault-injection
 
     def host_allowed(self, host: str | None) -> bool:
         return host_allowed(host, self.allowed_hosts, self.any_ip_host)
@@ -238,6 +261,29 @@ def build_app(state: ServerState):
     async def metrics():
         text = state.metrics.render(engine.gauges, engine.num_in_flight)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+    if state.faults is not None:
+        faults = state.faults
+
+        def loopback_only(request: Request) -> None:
+            host = request.client.host if request.client else ""
+            if host not in ("127.0.0.1", "::1", "localhost"):
+                raise APIError(403, "fault injection is only open to loopback clients", code="forbidden")
+
+        @app.get("/admin/fault")
+        async def get_fault(request: Request):
+            loopback_only(request)
+            return faults.describe()
+
+        @app.post("/admin/fault")
+        async def set_fault(request: Request):
+            loopback_only(request)
+            try:
+                body = json.loads(await request.body())
+            except ValueError as e:
+                raise bad(None, f"the request body is not valid JSON: {str(e)[:200]}") from None
+            faults.set(parse_fault(body))
+            return faults.describe()
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -374,6 +420,10 @@ def build_app(state: ServerState):
             state.metrics.count_http_rejection("invalid")
             raise
         check_overload(len(req.prompts) * req.n)
+        if state.faults is not None:
+            state.faults.maybe_fail()
+            if state.faults.delay_s():
+                await asyncio.sleep(state.faults.delay_s())
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         streams: list[RequestStream] = []
         try:
@@ -391,7 +441,8 @@ def build_app(state: ServerState):
                 raise APIError(503, str(e), type="server_error") from None
             raise
         if req.stream:
-            return StreamingResponse(sse_events(engine, streams, req, rid), media_type="text/event-stream",
+            return StreamingResponse(sse_events(engine, streams, req, rid, state.faults),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         await wait_or_abort(streams, request)
         failed = next((s.error for s in streams if s.error), None)
@@ -400,8 +451,9 @@ def build_app(state: ServerState):
         choices = []
         for j, st in enumerate(streams):
             text = req.prompt_texts[j // req.n] + st.text if req.echo else st.text
+            ids = ((list(req.all_prompts()[j // req.n]), list(st.token_ids)) if req.return_token_ids else None)
             choices.append(Choice(j, text, st.finish_reason, st.stop_reason,
-                                  format_logprobs(llm, req, st.token_ids, st.logprobs)))
+                                  format_logprobs(llm, req, st.token_ids, st.logprobs), ids))
         prompt_tokens = sum(streams[k * req.n].num_prompt_tokens for k in range(len(req.prompts)))
         return response(rid, req.model, chat, None, choices=choices,
                         usage_=usage(prompt_tokens, sum(len(st.token_ids) for st in streams)))
@@ -501,9 +553,12 @@ async def merged(streams: list[RequestStream]):
             task.cancel()
 
 
-async def sse_events(engine: AsyncEngine, streams, req: GenerationRequest, rid: str | None = None):
+async def sse_events(engine: AsyncEngine, streams, req: GenerationRequest, rid: str | None = None,
+                     faults: FaultInjector | None = None):
     """Server-sent events: one OpenAI chunk per delta a stream has pending (every token
-    since the previous event, the module's stream contract), then ``[DONE]``.
+    since the previous event, the module's stream contract), then ``[DONE]``. With
+    ``return_token_ids`` each chunk carries its ``token_ids``, a choice's first chunk also the
+    ``prompt_token_ids``. ``faults``: an injected delay per event, or a cut connection.
 
     A chat's first event, the assistant's role with empty content, is sent only once the
     first token exists, immediately before that token's event, as vLLM does
@@ -518,6 +573,14 @@ async def sse_events(engine: AsyncEngine, streams, req: GenerationRequest, rid: 
     n = max(req.n, 1)
     sent_chars = [0] * len(streams)
     sent_tokens = [0] * len(streams)
+    ids_wanted = req.return_token_ids
+    prompt_ids = [list(req.all_prompts()[j // n]) if ids_wanted else None for j in range(len(streams))]
+    cut_after = faults.cut_after() if faults is not None else None
+
+    def first_ids(j: int) -> list[int] | None:
+        """The prompt's ids, once per choice (in its first chunk)."""
+        ids, prompt_ids[j] = prompt_ids[j], None
+        return ids
 
     def prompt_tokens(j: int) -> int:
         return streams[j].num_prompt_tokens
@@ -534,7 +597,8 @@ async def sse_events(engine: AsyncEngine, streams, req: GenerationRequest, rid: 
             if first and chat:
                 for i in range(len(streams)):
                     yield sse_event(chunk(rid, model, created, chat, "", role=True, index=i,
-                                          usage_=running_usage(i)))
+                                          usage_=running_usage(i), prompt_token_ids=first_ids(i),
+                                          token_ids=[] if ids_wanted else None))
             first = False
             text = delta.text
             if req.echo and sent_tokens[j] == 0 and sent_chars[j] == 0:
@@ -542,8 +606,14 @@ async def sse_events(engine: AsyncEngine, streams, req: GenerationRequest, rid: 
             lp = format_logprobs(llm, req, delta.token_ids, delta.logprobs, sent_chars[j])
             sent_chars[j] += len(delta.text)
             sent_tokens[j] += len(delta.token_ids)
+            if faults is not None and faults.delay_s():
+                await asyncio.sleep(faults.delay_s())
             yield sse_event(chunk(rid, model, created, chat, text, delta.finish_reason, index=j, logprobs=lp,
-                                  stop_reason=delta.stop_reason, usage_=running_usage(j)))
+                                  stop_reason=delta.stop_reason, usage_=running_usage(j),
+                                  token_ids=list(delta.token_ids) if ids_wanted else None,
+                                  prompt_token_ids=first_ids(j)))
+            if cut_after is not None and sent_tokens[j] >= cut_after and not delta.finished:
+                raise StreamCut(f"injected fault: stream {rid} cut after {sent_tokens[j]} tokens")
         if req.include_usage:
             total_prompt = sum(prompt_tokens(k * n) for k in range(len(streams) // n))
             yield sse_event(chunk(rid, model, created, chat, None,
@@ -674,12 +744,20 @@ def make_parser() -> argparse.ArgumentParser:
                         f"(default: {DEFAULT_READ_TIMEOUT_S:g})")
     p.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGTERM")
+    p.add_argument("--enable-fault-injection", action="store_true",
+                   help="answer POST /admin/fault from loopback clients: make this server slow, fail "
+                        "requests or cut streams (tests, chapter 29; see minibatch.serving.faults)")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--replicas" or a.startswith("--replicas=") for a in argv):
+        from minibatch.serving.replicas import main as replicas_main
+
+        return replicas_main(argv)
     args = make_parser().parse_args(argv)
     from minibatch.config import EngineConfig
     from minibatch.engine import LLMEngine
@@ -705,6 +783,8 @@ def main(argv: list[str] | None = None) -> int:
     state = ServerState(AsyncEngine(llm_engine, metrics), names, limit, args.api_key, args.api_key_scope,
                         hosts, args.max_request_body_bytes, args.read_timeout)
     state.any_ip_host = any_ip
+    if args.enable_fault_injection:
+        state.faults = FaultInjector()
     server = _make_server(build_app(state), args.host, args.port, state,
                           args.graceful_shutdown_timeout, args.uvicorn_log_level)
     print(f"minibatch: serving {names[0]!r} on http://{args.host}:{args.port} "
