@@ -3,10 +3,14 @@
 Rule: running requests first, then waiting ones, each group in increasing order of
 
     key = remaining(req) - aging_tokens_per_s * (now - arrival_time)
-    remaining(req) = (num_tokens - num_computed_tokens)          # tokens to (re)compute now
-                   + max(0, predicted_output - num_output_tokens) # tokens still to generate
+    remaining(req) = prefill_weight * (num_tokens - num_computed_tokens)   # tokens to (re)compute now
+                   + max(0, predicted_output - num_output_tokens)          # tokens still to generate
 
-i.e. ``prompt + max_tokens - done`` for a fresh request. ``predictor(req)`` predicts
+i.e. ``prompt + max_tokens - done`` for a fresh request (``prefill_weight=1``, the default).
+``prefill_weight`` says what a prompt token costs relative to a generated one: a prompt is
+computed in one or a few chunked steps while each output token takes a step of its own, so
+when the scarce resource is a batch slot (``max_num_seqs``) the time a request holds it
+grows with its output, not its prompt; ``prefill_weight=0`` ranks by output alone. ``predictor(req)`` predicts
 the output length (default: ``max_tokens``, an oracle when runs use
 ``ignore_eos=True``; plug in a learned length predictor as in Qiu et al. 2024, or
 *S^3*, Jin et al. NeurIPS'23). SJF minimises mean waiting time when the estimates
@@ -38,10 +42,13 @@ class SJFPolicy(Policy):
     name = "sjf"
 
     def __init__(self, predictor: Callable[[Request], int] | None = None,
-                 aging_tokens_per_s: float = 50.0, preemptive: bool = False):
+                 aging_tokens_per_s: float = 50.0, preemptive: bool = False, prefill_weight: float = 1.0):
+        if prefill_weight < 0:
+            raise ValueError(f"prefill_weight must be >= 0, got {prefill_weight!r}")
         self.predictor = predictor
         self.aging_tokens_per_s = aging_tokens_per_s
         self.preemptive = preemptive
+        self.prefill_weight = prefill_weight
 
     def predicted_output(self, req: Request) -> int:
         if self.predictor is None:
@@ -51,7 +58,7 @@ class SJFPolicy(Policy):
         return req.policy_state["sjf_predicted"]
 
     def remaining(self, req: Request) -> int:
-        return (req.num_tokens - req.num_computed_tokens
+        return (self.prefill_weight * (req.num_tokens - req.num_computed_tokens)
                 + max(0, self.predicted_output(req) - req.num_output_tokens))
 
     def key(self, req: Request, now: float) -> tuple[float, float]:
