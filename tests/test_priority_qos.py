@@ -15,7 +15,7 @@ from minibatch.runner import run
 from minibatch.sampling_params import SamplingParams
 from minibatch.workload import RequestSpec, Workload
 
-SIM = dict(executor="sim", model="llama-2-7b", hardware="a100-80g")
+SIM = {"executor": "sim", "model": "llama-2-7b", "hardware": "a100-80g"}
 
 
 def rq(rid, prio, arrival=0.0, prompt=8, max_tokens=8) -> Request:
