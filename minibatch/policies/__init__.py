@@ -8,7 +8,7 @@
 ``dynamic``     a batching window (``max_num_seqs`` or ``max_wait_ms``), then request-level batches
 ``continuous``  iteration-level FCFS (Orca, vLLM)
 ``sjf``         shortest (estimated) remaining job first, with aging
-``priority``    preemptive by ``req.priority`` (lower = more urgent), with aging
+``priority``    by ``req.priority`` (lower = more urgent), preemptive or not, aging, per-class limits
 ``mlfq``        FastServe's skip-join multi-level feedback queue, preemptive
 ``fair``        per-tenant Virtual Token Counter (VTC)
 ``lpm``         SGLang's longest prefix match (cache-aware), with aging
