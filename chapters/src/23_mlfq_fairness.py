@@ -404,9 +404,11 @@ FLOOD_S = 20.0
 
 
 def two_tenants(rate_a=16.0, rate_b=2.0, seed=1):
-    a = synthetic(int(rate_a * FLOOD_S), rate_a, **TENANT_LEN, seed=seed, tenants=["A"], name="A")
-    b = synthetic(int(rate_b * FLOOD_S), rate_b, **TENANT_LEN, seed=seed + 100, tenants=["B"], name="B")
-    return a.merge(b, name="flood")
+    """Tenants A and B, Poisson at their rates, every arrival in [0, FLOOD_S)."""
+    def one(rate, tenant, s):
+        n = int(2 * rate * FLOOD_S) + 10          # more than enough, then cut at FLOOD_S
+        return synthetic(n, rate, **TENANT_LEN, seed=s, tenants=[tenant], name=tenant).time_window(0.0, FLOOD_S)
+    return one(rate_a, "A", seed).merge(one(rate_b, "B", seed + 100), name="flood")
 
 
 def service(records, tenant, grid, w_in=1.0, w_out=2.0):
@@ -453,14 +455,19 @@ md_table(["policy", f"A: service rate {W0:.0f}-{W1:.0f} s", "B: service rate", "
            f"{v['a_ttft_p50']:.1f}", f"{v['end']:.1f}"] for n, v in fl.items()])
 print(f"tenant B asks for {b_demand:,.0f} weighted tokens/s on average")
 fc, vt = fl["continuous"], fl["fair"]
+half = (vt["rate_a"] + vt["rate_b"]) / 2
+b_fcfs = [q.ttft for q in sorted(flood["continuous"].requests, key=lambda q: q.arrival_time) if q.tenant == "B"]
+assert np.median(b_fcfs[len(b_fcfs) // 2:]) > 2 * np.median(b_fcfs[:len(b_fcfs) // 2]), "FCFS: B's TTFT grows"
+assert b_demand < 0.6 * half, "the prose says B asks for well under half of the service"
 assert vt["b_ttft_p50"] < fc["b_ttft_p50"] / 10, "the prose says VTC cuts B's TTFT by more than 10x"
 assert vt["rate_b"] > fc["rate_b"] and abs(vt["end"] - fc["end"]) / fc["end"] < 0.05, "B served more; same total work"
 
 # %% [markdown]
 # FCFS 下，B 的请求排在 A 的洪水后面：B 的 TTFT 中位数 {{fc["b_ttft_p50"]:.2f}} s，而且随时间越来越长（右图）——B 什么也没做错，只是和 A 共用一台服务器。
-# VTC 下 B 的 TTFT 中位数是 {{vt["b_ttft_p50"]:.2f}} s。B 平均每秒只要 {{b_demand:,.0f}} 个加权 Token，远少于一半的服务，
+# VTC 下 B 的 TTFT 中位数是 {{vt["b_ttft_p50"]:.2f}} s。B 平均每秒只要 {{b_demand:,.0f}} 个加权 Token，明显少于一半的服务
+# （VTC 下这段时间服务器每秒共给出 {{vt["rate_a"] + vt["rate_b"]:,.0f}} 个，一半是 {{half:,.0f}}，B 只要其中的 {{b_demand / half:.0%}}），
 # 所以 B 一来就是计数器最小的积压租户，它的请求几乎随到随做：{{W0:.0f}}–{{W1:.0f}} s 内 B 每秒得到 {{vt["rate_b"]:,.0f}} 个加权 Token
-# （FCFS 下 {{fc["rate_b"]:,.0f}}；两者都是这段窗口内完成的服务，与整段 20 s 的平均需求不完全对应）。
+# （FCFS 下 {{fc["rate_b"]:,.0f}}：B 的请求积在队里，这段时间得到的比它要的少）。
 # A 得到其余的全部，服务器没有空转：两种策略下最后一个请求完成的时间几乎相同（{{fc["end"]:.1f}} s 与 {{vt["end"]:.1f}} s），
 # 这就是工作保持。A 的请求反正要排队，VTC 只是把 B 的少量请求插到了 A 的队伍前面。
 #
@@ -496,20 +503,25 @@ ax.set(ylabel="%", title="multi_tenant, popularity 1.5, 14 req/s (steady window)
 ax.legend(fontsize=7)
 ax.grid(alpha=0.3, axis="y")
 plt.show()
-busiest, quietest = max(TENANTS, key=demand.get), min(TENANTS, key=demand.get)
+by_demand = sorted(TENANTS, key=demand.get, reverse=True)
+busiest, quietest, quiet = by_demand[0], by_demand[-1], by_demand[1:]
+maxmin_level = (1 - mt_share["fair"][by_demand[2]] - mt_share["fair"][by_demand[3]]) / 2
 assert mt_share["fair"][busiest] < mt_share["continuous"][busiest], "the prose says VTC takes service from the busiest"
 assert mt_ttft["fair", quietest] < mt_ttft["continuous", quietest] / 5, "and the quietest tenant waits far less"
-assert all(mt_share["fair"][u] > demand_share[u] for u in TENANTS if u != busiest) and mt_share["fair"][busiest] > 0.25
+assert all(mt_share["fair"][u] > demand_share[u] for u in quiet) and max(mt_ttft["fair", u] for u in quiet) < 0.5
+assert mt_share["fair"][by_demand[2]] < 0.25 and mt_share["fair"][by_demand[3]] < 0.25, "the prose: two use less than 1/4"
+assert mt_share["fair"][by_demand[1]] < maxmin_level < mt_share["fair"][busiest], "the prose's max-min split"
 
 # %% [markdown]
 # FCFS 按到达分配，服务份额大致跟着需求份额走：最忙的 {{busiest}}（需求的 {{demand_share[busiest]:.0%}}）拿到
-# {{mt_share["continuous"][busiest]:.0%}} 的服务，所有租户的 TTFT 中位数都在 {{min(mt_ttft["continuous", u] for u in TENANTS):.1f}} s 以上——
-# 大家一起排 {{busiest}} 造成的长队。VTC 下，其余三个租户的 TTFT 中位数都不超过 {{max(mt_ttft["fair", u] for u in TENANTS if u != busiest):.2f}} s：
-# 它们的需求都小于各自的公平份额（容量的四分之一），全部得到满足，服务份额因此**高于**它们的需求份额（总需求超过了容量）；
-# {{busiest}} 得到剩下的 {{mt_share["fair"][busiest]:.0%}}——多于四分之一，因为别人用不完的份额不会空着（工作保持）——
-# 它的 TTFT 中位数从 {{mt_ttft["continuous", busiest]:.2f}} s 升到 {{mt_ttft["fair", busiest]:.2f}} s。
-# 这就是**最大最小公平**（Max-min Fairness）：需求小于公平份额的租户得到全部需求，剩下的容量在需求更大的租户之间平分（这里只有一个）。
-# 这里只有一个负载种子，份额的具体数字会随种子变化。
+# {{mt_share["continuous"][busiest]:.0%}} 的服务，所有租户的 TTFT 中位数都不低于 {{min(mt_ttft["continuous", u] for u in TENANTS):.2f}} s——
+# 大家一起排 {{busiest}} 造成的长队。VTC 下，其余三个租户的 TTFT 中位数都不超过 {{max(mt_ttft["fair", u] for u in quiet):.2f}} s：
+# 它们的请求随到随做，需求全部得到满足，所以服务份额**高于**需求份额（总需求超过了容量，它们拿到的却是全部需求）；
+# {{busiest}} 得到剩下的 {{mt_share["fair"][busiest]:.0%}}，TTFT 中位数从 {{mt_ttft["continuous", busiest]:.2f}} s 升到
+# {{mt_ttft["fair", busiest]:.2f}} s。这就是**最大最小公平**（Max-min Fairness）：把容量平分成四份，{{by_demand[2]}} 与 {{by_demand[3]}}
+# 用不完自己的一份（它们只占 {{mt_share["fair"][by_demand[2]]:.0%}} 与 {{mt_share["fair"][by_demand[3]]:.0%}}），多出来的在其余两个租户之间再平分，
+# 每个 {{maxmin_level:.0%}}；{{by_demand[1]}} 只要 {{mt_share["fair"][by_demand[1]]:.0%}}，也全部满足，其余都归 {{busiest}}——
+# 别人用不完的份额不会空着（工作保持）。这里只有一个负载种子，份额的具体数字会随种子变化。
 #
 # ## 23.9 在真实的 tiny 模型上：换了顺序，输出不变
 #
