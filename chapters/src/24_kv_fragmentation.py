@@ -197,12 +197,12 @@ fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.4), width_ratios=[1.1, 1])
 names = list(views)
 left = np.zeros(len(names))
 for key, label, color in PARTS:
-    vals = np.array([views[n][key] for n in names])
+    vals = np.array([np.mean([per_seed[n, sd][key] for sd in SEEDS]) for n in names])   # means add up to 1
     ax1.barh(range(len(names)), vals, left=left, color=color, label=label)
     left += vals
 ax1.set_yticks(range(len(names)), names, fontsize=8)
 ax1.invert_yaxis()
-ax1.set(xlim=(0, 1), xlabel="share of the KV pool's slots (steady state, median of 3 seeds)",
+ax1.set(xlim=(0, 1), xlabel="share of the KV pool's slots (steady state, mean of 3 seeds)",
         title="engine's view: what the pool holds")
 ax1.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.25))
 for n in names:
@@ -405,6 +405,8 @@ assert all(tr_seed[n, sd]["swapped"] > 0 for n in list(TREATMENTS)[1:3] for sd i
 assert s500["swapped"] > s50["swapped"], "a smaller host tier swaps less (falls back to recompute)"
 assert max(rc["att"], s500["att"], s50["att"]) < 0.5 <= full["att"], "only more GPU memory restores the SLO"
 assert s500["copy"] < 0.05, "the prose says copies take a small share of step time"
+assert s500["att"] >= rc["att"] and s500["ttft"] < rc["ttft"] and s500["pre"] < rc["pre"], \
+    "the prose says the host tier helps a little (fewer preemptions, lower TTFT tail)"
 
 # %% [markdown]
 # 表中是 3 个种子的中位数。500 块的主机层（每块 {{block_bytes / 2**20:.0f}} MiB，合计 {{host_gib:.1f}} GiB 主机内存）让
@@ -418,7 +420,7 @@ assert s500["copy"] < 0.05, "the prose says copies take a small share of step ti
 #
 # | 框架（版本，源文件） | 主机层的用途 | 选项 |
 # |---|---|---|
-# | vLLM V0（`vllm/engine/arg_utils.py` 的 `EngineArgs`，v0.6–v0.10 时期） | 换出被抢占请求的 KV | `--swap-space`（GiB，默认 4，每块 GPU）；`--preemption-mode` |
+# | vLLM V0 引擎（v0.11.0 删除之前；`vllm/engine/arg_utils.py` 的 `EngineArgs.swap_space`，`LLM` 类同名参数） | 换出被抢占请求的 KV | `--swap-space`（GiB，默认 4，每块 GPU）；`--preemption-mode` |
 # | vLLM V1（`vllm/config/cache.py`，2026 年主分支 commit `002f10e`） | 把算好的 KV 块卸载到 CPU，前缀缓存在显存里未命中时从 CPU 拷回 | `--kv-offloading-size`（GiB，默认 `None` 即关闭）、`--kv-offloading-backend`（`native` 或 `lmcache`）；底层是 KV Connector `OffloadingConnector`（vLLM 文档 *KV Offloading Usage Guide*：拷贝用 `cudaMemcpyAsync` 异步进行，可再接二级存储层） |
 # | SGLang HiCache（`python/sglang/srt/server_args.py`；文档 *SGLang HiCache Best Practices*） | RadixAttention 的三层缓存：显存、主机内存、外部存储 | `--enable-hierarchical-cache`（默认关）、`--hicache-ratio`（主机池 / 显存池，默认 2.0）、`--hicache-size`（GB，默认 0 即按比例）、`--hicache-write-policy`、`--hicache-storage-backend` |
 # | minibatch（`minibatch/swap.py`） | 换出被抢占请求的 KV | `preemption_mode="swap"`、`swap_space_blocks` |
