@@ -80,7 +80,7 @@ UNSUPPORTED = {
     "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
     "prompt_logprobs": (), "use_beam_search": (False,), "length_penalty": (1,), "bad_words": ([],),
     "allowed_token_ids": (), "truncate_prompt_tokens": (), "spaces_between_special_tokens": (True,),
-    "return_tokens_as_token_ids": (False,), "return_token_ids": (False,), "priority": (0,),
+    "return_tokens_as_token_ids": (False,), "priority": (0,),
     "logits_processors": (), "vllm_xargs": (), "cache_salt": (), "kv_transfer_params": (),
     "tools": ([],), "tool_choice": ("none", "auto"), "functions": ([],), "function_call": ("none", "auto"),
     "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": (),
