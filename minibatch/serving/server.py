@@ -286,41 +286,7 @@ def build_app(state: ServerState):
 
     def prepare(raw: bytes, chat: bool) -> GenerationRequest:
         """Parse, check, render and tokenize a request (in the thread pool)."""
-        try:
-            body = json.loads(raw)
-        except RecursionError:
-            raise bad(None, "the request body is nested too deeply to parse") from None
-        except ValueError as e:        # not JSON, not UTF-8, or an integer of over 4300 digits
-            raise bad(None, f"the request body is not valid JSON: {str(e)[:200]}") from None
-        where = find_lone_surrogate(body)
-        if where is not None:
-            raise bad(where, f"'{where}' holds a lone UTF-16 surrogate (such as \\ud800 without its pair), "
-                             "which is not valid Unicode text")
-        req = parse_request(body, chat, llm.tokenizer, llm.max_model_len, render=False)
-        model = state.served_names[0] if req.model is None else req.model
-        if model not in state.served_names:
-            raise APIError(404, f"the model {model!r} does not exist; this server serves "
-                                f"{state.served_names}", param="model", code="model_not_found")
-        req.model = model
-        param = "messages" if chat else "prompt"
-        text = req.prompt
-        if chat:
-            chars = sum(len(m["content"]) for m in req.messages)
-        else:
-            chars = len(text) if isinstance(text, str) else 0
-        limit = state.max_prompt_chars
-        if limit is not None and chars > limit:
-            raise bad(param, f"the prompt of {chars} characters is too long: that many characters make "
-                             f"more than max_model_len={llm.max_model_len} tokens with this tokenizer")
-        if chat:
-            text = render_chat(req.messages, llm.tokenizer)
-        try:
-            _, ids = llm.tokenize(text)
-            llm.validate(ids, req.params)
-        except ValueError as e:
-            raise bad(param, str(e)) from None
-        req.prompt = ids
-        return req
+        return prepare_request(raw, chat, llm, state.served_names, state.max_prompt_chars)
 
     async def generate(request: Request, chat: bool):
         if state.draining:
@@ -370,6 +336,51 @@ def build_app(state: ServerState):
                 engine.abort(stream.request_id)
 
     return app
+
+
+def prepare_request(raw: bytes, chat: bool, llm, served_names: list[str],
+                    prompt_chars_limit: int | None) -> GenerationRequest:
+    """Parse, check, render and tokenize a request body (``APIError`` on bad input).
+
+    ``llm`` is anything with ``tokenizer``, ``max_model_len``, ``tokenize(text)`` and
+    ``validate(ids, params)`` (an ``LLMEngine``; the Ray backend's ingress passes a front
+    that leaves the engine-side checks to the replica). Shared by this server and
+    ``minibatch.cluster.ray_backend``."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise bad(None, "the request body is nested too deeply to parse") from None
+    except ValueError as e:        # not JSON, not UTF-8, or an integer of over 4300 digits
+        raise bad(None, f"the request body is not valid JSON: {str(e)[:200]}") from None
+    where = find_lone_surrogate(body)
+    if where is not None:
+        raise bad(where, f"'{where}' holds a lone UTF-16 surrogate (such as \\ud800 without its pair), "
+                         "which is not valid Unicode text")
+    req = parse_request(body, chat, llm.tokenizer, llm.max_model_len, render=False)
+    model = served_names[0] if req.model is None else req.model
+    if model not in served_names:
+        raise APIError(404, f"the model {model!r} does not exist; this server serves "
+                            f"{served_names}", param="model", code="model_not_found")
+    req.model = model
+    param = "messages" if chat else "prompt"
+    text = req.prompt
+    if chat:
+        chars = sum(len(m["content"]) for m in req.messages)
+    else:
+        chars = len(text) if isinstance(text, str) else 0
+    limit = prompt_chars_limit
+    if limit is not None and chars > limit:
+        raise bad(param, f"the prompt of {chars} characters is too long: that many characters make "
+                         f"more than max_model_len={llm.max_model_len} tokens with this tokenizer")
+    if chat:
+        text = render_chat(req.messages, llm.tokenizer)
+    try:
+        _, ids = llm.tokenize(text)
+        llm.validate(ids, req.params)
+    except ValueError as e:
+        raise bad(param, str(e)) from None
+    req.prompt = ids
+    return req
 
 
 def sse_event(obj: dict) -> str:
@@ -494,6 +505,9 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m minibatch serve",
                                 description="Serve a model over the OpenAI HTTP API.")
     add_engine_args(p)
+    p.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="local: this process (default); ray: a Ray Serve deployment of engines, see "
+                        "python -m minibatch serve --backend ray --help")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", nargs="+", default=None,
@@ -522,6 +536,13 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--backend", choices=["local", "ray"], default="local")
+    backend = pre.parse_known_args(argv)[0].backend
+    if backend == "ray":             # one Ray Serve deployment of engines (minibatch.cluster.ray_backend)
+        from minibatch.cluster import ray_backend
+        return ray_backend.main(argv)
     args = make_parser().parse_args(argv)
     from minibatch.config import EngineConfig
     from minibatch.engine import LLMEngine
