@@ -408,13 +408,20 @@ def deploy(model: str = "tiny", num_replicas: int | None = 2, router="round_robi
     return serve.run(app, name=name, route_prefix=route_prefix, blocking=blocking)
 
 
-def num_running_replicas(app: str = DEFAULT_APP, deployment: str = "MinibatchEngine") -> int:
-    """Replicas of the engine deployment in state RUNNING (from ``serve.status()``)."""
+def replica_counts(app: str = DEFAULT_APP, deployment: str = "MinibatchEngine") -> dict[str, int]:
+    """The engine deployment's replicas by state (``{"RUNNING": 2, "STARTING": 1}``, from
+    ``serve.status()``; states with no replica left out)."""
     _, serve = require_ray()
     status = serve.status().applications.get(app)
     if status is None or deployment not in status.deployments:
-        return 0
-    return int(status.deployments[deployment].replica_states.get("RUNNING", 0))
+        return {}
+    states = status.deployments[deployment].replica_states
+    return {getattr(k, "value", str(k)): int(v) for k, v in states.items() if v}
+
+
+def num_running_replicas(app: str = DEFAULT_APP, deployment: str = "MinibatchEngine") -> int:
+    """Replicas of the engine deployment in state RUNNING."""
+    return replica_counts(app, deployment).get("RUNNING", 0)
 
 
 def replica_actor_handles(app: str = DEFAULT_APP, deployment: str = "MinibatchEngine") -> list:
@@ -452,28 +459,36 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``serve --backend ray``: deploy, print where, serve until Ctrl-C or SIGTERM, then take the
+    application down (and the local Ray instance, if this command started it)."""
+    import signal
+
     args = make_parser().parse_args(argv)
-    try:
-        ray, serve = require_ray()
-    except ImportError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     try:
         scaling = parse_autoscale(args.autoscale)
         from minibatch.cluster import routers
         routers.get(args.router)
-    except ValueError as e:
+        if args.num_replicas < 1 or args.num_cpus <= 0:
+            raise ValueError("--num-replicas must be >= 1 and --num-cpus > 0")
+        ray, serve = require_ray()
+    except (ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     ray.init(address=args.address)
+    own_cluster = args.address is None
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         kw = engine_kwargs(args)
-        app = build_app(kw.pop("model", "tiny"), num_replicas=args.num_replicas, router=args.router, autoscale=scaling,
-                        num_cpus=args.num_cpus, max_ongoing_requests=args.max_ongoing_requests,
+        app = build_app(kw.pop("model", "tiny"), num_replicas=args.num_replicas, router=args.router,
+                        autoscale=scaling, num_cpus=args.num_cpus, max_ongoing_requests=args.max_ongoing_requests,
                         served_model_name=args.served_model_name, **kw)
         serve.run(app, name=DEFAULT_APP, route_prefix="/")
-        print(f"minibatch: serving on Ray Serve at http://{args.host}:{args.port} (router={args.router}, "
+        print(f"minibatch: serving on Ray Serve (router={args.router}, "
               f"{'autoscale ' + str(scaling) if scaling else f'{args.num_replicas} replicas'}); Ctrl-C stops",
               file=sys.stderr, flush=True)
         while True:
@@ -484,6 +499,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        signal.signal(signal.SIGTERM, previous)
+        if own_cluster:
+            serve.shutdown()
+        else:                 # a shared cluster: remove this application only
+            serve.delete(DEFAULT_APP)
+        ray.shutdown()        # only disconnects from a cluster this process did not start
     return 0

@@ -63,9 +63,22 @@ def encode_router(router) -> dict:
     an instance pickled (Ray's cloudpickle, by value where its module is not importable)."""
     if isinstance(router, str):
         return {"router": router}
+    import sys
+
     from ray import cloudpickle
 
-    return {"router_pickle": base64.b64encode(cloudpickle.dumps(router)).decode("ascii")}
+    cls = router if isinstance(router, type) else type(router)
+    module = sys.modules.get(cls.__module__)
+    if module is not None and not cls.__module__.startswith("minibatch.") and cls.__module__ != "__main__":
+        # A test's or a notebook's module is not importable in the ingress process: send it by value.
+        cloudpickle.register_pickle_by_value(module)
+        try:
+            data = cloudpickle.dumps(router)
+        finally:
+            cloudpickle.unregister_pickle_by_value(module)
+    else:
+        data = cloudpickle.dumps(router)
+    return {"router_pickle": base64.b64encode(data).decode("ascii")}
 
 
 def decode_router(router: str | None = None, router_pickle: str | None = None,
