@@ -32,12 +32,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-import httpx  # noqa: E402
+import itertools
 
-from minibatch.bench import run_benchmark  # noqa: E402
-from minibatch.bench.datasets import make_requests  # noqa: E402
-from minibatch.cluster import ray_backend  # noqa: E402
-from serving_utils import ServerProcess, free_port  # noqa: E402
+import httpx
+from serving_utils import ServerProcess, free_port
+
+from minibatch.bench import run_benchmark
+from minibatch.bench.datasets import make_requests
+from minibatch.cluster import ray_backend
 
 SERVE_ENV = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
              "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5", "OMP_NUM_THREADS": "1",
@@ -59,7 +61,7 @@ def static(args, port: int, log: Path) -> None:
 
     requests = make_requests("random", args.num_prompts, "tiny", input_len=args.input_len,
                              output_len=args.output_len, seed=0)
-    kw = dict(requests=requests, max_concurrency=args.concurrency, percentiles=(50, 90))
+    kw = {"requests": requests, "max_concurrency": args.concurrency, "percentiles": (50, 90)}
     srv = ServerProcess(log, threads=1)
     ray_backend.deploy(model="tiny", num_replicas=args.replicas, router="round_robin", num_cpus=0.5)
     wait(lambda: ray_backend.num_running_replicas() == args.replicas, "replicas")
@@ -147,7 +149,7 @@ def autoscale(args, port: int, out: Path) -> None:
         w = csv.writer(f)
         w.writerow(["time_s", "phase", "running", "starting", "in_flight"])
         w.writerows(rows)
-    changes = [rows[0]] + [r for p, r in zip(rows, rows[1:]) if (r[2], r[3]) != (p[2], p[3])]
+    changes = [rows[0]] + [r for p, r in itertools.pairwise(rows) if (r[2], r[3]) != (p[2], p[3])]
     print(f"\nautoscaling {scaling}, load {args.low} -> {args.high} -> 0 requests in flight "
           f"({args.output_len} tokens each), failed requests: {state['failed']}")
     for r in changes:
@@ -202,8 +204,8 @@ def main() -> None:
     from ray import serve
 
     os.environ.update(SERVE_ENV)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {**SERVE_ENV, "PYTHONPATH": str(ROOT)}})
+    ray_backend.start_local_ray(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                                runtime_env={"env_vars": {**SERVE_ENV, "PYTHONPATH": str(ROOT)}})
     port = free_port()
     log = args.out / "ray_serve_single_engine.log"
     args.out.mkdir(parents=True, exist_ok=True)

@@ -359,6 +359,23 @@ def make_ingress_class():
     return Ingress
 
 
+def start_local_ray(num_cpus: float = 2, attempts: int = 3, **init_kwargs) -> None:
+    """``ray.init`` of a new local Ray instance, tried again if the raylet is slow to register.
+
+    Ray 2.60.0 gives a starting node a fixed 30 s to register with the GCS
+    (``ray/_private/node.py``, ``raylet_start_wait_time_s = 30``), which a busy shared
+    machine can miss; the failed start is shut down and tried again."""
+    ray, _ = require_ray()
+    for attempt in range(attempts):
+        try:
+            ray.init(num_cpus=num_cpus, **init_kwargs)
+            return
+        except Exception as e:       # Ray raises a bare Exception here
+            if "timed out during startup" not in str(e) or attempt == attempts - 1:
+                raise
+            ray.shutdown()
+
+
 # -- deployment ----------------------------------------------------------------------------
 def build_app(model: str = "tiny", num_replicas: int | None = 2, router="round_robin", router_kwargs=None,
               autoscale=None, num_cpus: float = 0.5, ingress_num_cpus: float = 0.25,

@@ -85,8 +85,8 @@ def ray_port():
     saved = {k: os.environ.get(k) for k in SERVE_ENV}
     os.environ.update(SERVE_ENV)
     root = str(Path(minibatch.__file__).resolve().parent.parent)   # the workers import this checkout
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {**SERVE_ENV, "PYTHONPATH": root, "OMP_WAIT_POLICY": "PASSIVE"}})
+    ray_backend.start_local_ray(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                                runtime_env={"env_vars": {**SERVE_ENV, "PYTHONPATH": root, "OMP_WAIT_POLICY": "PASSIVE"}})
     port = free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
