@@ -17,6 +17,8 @@ HTTP proxy); minibatch adds only the engine in each replica, the router and the 
   ``LLMEngine`` of the given model and engine options, ``num_cpus`` (fractional) each.
   ``generate(payload)`` streams deltas (a Ray Serve streaming call);
   ``record_routing_stats()`` reports running / waiting requests and KV blocks for the router.
+  Every streamed message is a Ray object, so a replica sends a stream's new tokens at most
+  every ``stream_interval_s`` (20 ms; the first token and the end at once).
 - ``Ingress``: completions and chat, streaming and not, through the same checks as
   ``minibatch serve`` (``minibatch.serving.server.prepare_request``, ``protocol.py``'s
   shapes); the engine-side checks (prompt length, vocabulary, KV room) run in the replica
@@ -59,6 +61,9 @@ AUTOSCALE_FIELDS = ("min_replicas", "max_replicas", "initial_replicas", "target_
 DEFAULT_APP = "minibatch"
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_MAX_ONGOING_REQUESTS = 64     # per engine replica; Ray Serve's default is 5
+# A replica sends the tokens of a stream at most this often (each send is a Ray object), like
+# vLLM's --stream-interval but in seconds; the first token and the end are never held back.
+DEFAULT_STREAM_INTERVAL_S = 0.02
 
 
 def require_ray():
@@ -97,7 +102,7 @@ def parse_autoscale(text: str | dict | None) -> dict | None:
 class EngineReplica:
     """One minibatch engine in a Ray Serve replica (wrapped by ``serve.deployment`` in :func:`build_app`)."""
 
-    def __init__(self, engine_kwargs: dict):
+    def __init__(self, engine_kwargs: dict, stream_interval_s: float = 0.0):
         from ray import serve
 
         from minibatch.config import EngineConfig
@@ -106,6 +111,7 @@ class EngineReplica:
 
         self.engine = AsyncEngine(LLMEngine(EngineConfig.from_kwargs(**engine_kwargs)))
         self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.stream_interval_s = stream_interval_s
 
     def info(self) -> dict:
         llm = self.engine.engine
@@ -129,9 +135,21 @@ class EngineReplica:
                 yield {"status": 503, "error": str(e), "replica": self.replica_id}
                 return
             yield {"started": True, "num_prompt_tokens": stream.num_prompt_tokens, "replica": self.replica_id}
+            # Each yield is one Ray object: tokens that arrive within stream_interval_s of the
+            # last yield are sent together (the first token and the end go out at once).
+            pending, last = None, None
             async for d in stream:
-                yield {"text": d.text, "token_ids": list(d.token_ids), "finished": d.finished,
-                       "finish_reason": d.finish_reason, "stop_reason": d.stop_reason, "error": d.error}
+                if pending is None:
+                    pending = {"text": d.text, "token_ids": list(d.token_ids)}
+                else:
+                    pending["text"] += d.text
+                    pending["token_ids"] += d.token_ids
+                pending.update(finished=d.finished, finish_reason=d.finish_reason, stop_reason=d.stop_reason,
+                               error=d.error)
+                now = time.monotonic()
+                if last is None or d.finished or now - last >= self.stream_interval_s:
+                    yield pending
+                    pending, last = None, now
         finally:
             if stream is not None and not stream.finished:
                 self.engine.abort(stream.request_id)     # the caller went away: free the KV blocks
@@ -359,12 +377,14 @@ def make_ingress_class():
     return Ingress
 
 
-def start_local_ray(num_cpus: float = 2, attempts: int = 3, **init_kwargs) -> None:
-    """``ray.init`` of a new local Ray instance, tried again if the raylet is slow to register.
+def start_local_ray(num_cpus: float = 2, attempts: int = 4, **init_kwargs) -> None:
+    """``ray.init`` of a new local Ray instance, tried again when a busy machine makes it time out.
 
-    Ray 2.60.0 gives a starting node a fixed 30 s to register with the GCS
-    (``ray/_private/node.py``, ``raylet_start_wait_time_s = 30``), which a busy shared
-    machine can miss; the failed start is shut down and tried again."""
+    Ray 2.60.0's raylet waits a fixed time for its dashboard agent (a Python process, slow to
+    import when the cores are shared) to write its port files
+    (``NodeManager::WaitForDashboardAgentPorts``, not configurable in this version) and
+    aborts after it; the driver then gives up after a fixed 30 s (``ray/_private/node.py``,
+    ``raylet_start_wait_time_s = 30``). A start that timed out is shut down and tried again."""
     ray, _ = require_ray()
     for attempt in range(attempts):
         try:
@@ -380,7 +400,8 @@ def start_local_ray(num_cpus: float = 2, attempts: int = 3, **init_kwargs) -> No
 def build_app(model: str = "tiny", num_replicas: int | None = 2, router="round_robin", router_kwargs=None,
               autoscale=None, num_cpus: float = 0.5, ingress_num_cpus: float = 0.25,
               max_ongoing_requests: int = DEFAULT_MAX_ONGOING_REQUESTS, routing_stats_period_s: float = 1.0,
-              served_model_name: list[str] | None = None, max_retries: int = DEFAULT_MAX_RETRIES, **engine_kw):
+              served_model_name: list[str] | None = None, max_retries: int = DEFAULT_MAX_RETRIES,
+              stream_interval_s: float = DEFAULT_STREAM_INTERVAL_S, **engine_kw):
     """The Ray Serve application (not yet running): ingress + engine deployment."""
     _, serve = require_ray()
     from ray.serve.config import RequestRouterConfig
@@ -408,7 +429,7 @@ def build_app(model: str = "tiny", num_replicas: int | None = 2, router="round_r
     ingress = serve.deployment(make_ingress_class(), name="MinibatchIngress", num_replicas=1,
                                ray_actor_options={"num_cpus": ingress_num_cpus}, max_ongoing_requests=1000)
     names = served_model_name or [config.model]
-    return ingress.bind(engine.bind(engine_kw), names, max_retries)
+    return ingress.bind(engine.bind(engine_kw, stream_interval_s), names, max_retries)
 
 
 def deploy(model: str = "tiny", num_replicas: int | None = 2, router="round_robin", autoscale=None,
