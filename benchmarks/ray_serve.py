@@ -25,6 +25,7 @@ import csv
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -174,8 +175,8 @@ def plot(rows, path: Path, scaling: dict) -> None:
     ax.set_xlabel("time (s)")
     ax.set_ylabel("replicas")
     ax.set_ylim(0, scaling.get("max_replicas", 3) + 0.5)
-    ax.set_title(f"Ray Serve autoscaling of minibatch engines ({', '.join(f'{k}={v}' for k, v in scaling.items())})",
-                 fontsize=8)
+    ax.set_title("Ray Serve autoscaling of minibatch engines\n" + ", ".join(f"{k}={v:g}" for k, v in scaling.items()),
+                 fontsize=7)
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper right", fontsize=8)
@@ -207,7 +208,7 @@ def main() -> None:
     ray_backend.start_local_ray(num_cpus=2, include_dashboard=False, log_to_driver=False,
                                 runtime_env={"env_vars": {**SERVE_ENV, "PYTHONPATH": str(ROOT)}})
     port = free_port()
-    log = args.out / "ray_serve_single_engine.log"
+    log = Path(tempfile.gettempdir()) / f"ray_serve_single_engine_{os.getpid()}.log"
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
