@@ -345,63 +345,9 @@ def build_app(state: ServerState):
         return APIError(413, f"the request body is larger than this server's limit of {limit} bytes "
                              "(--max-request-body-bytes)", code="request_too_large", headers={"Connection": "close"})
 
-    def load(raw: bytes):
-        """The JSON body (400 if it is not JSON or holds text that is not valid Unicode)."""
-        try:
-            body = json.loads(raw)
-        except RecursionError:
-            raise bad(None, "the request body is nested too deeply to parse") from None
-        except ValueError as e:        # not JSON, not UTF-8, or an integer of over 4300 digits
-            raise bad(None, f"the request body is not valid JSON: {str(e)[:200]}") from None
-        where = find_lone_surrogate(body)
-        if where is not None:
-            raise bad(where, f"'{where}' holds a lone UTF-16 surrogate (such as \\ud800 without its pair), "
-                             "which is not valid Unicode text")
-        return body
-
-    def served_model(model: str | None) -> str:
-        model = state.served_names[0] if model is None else model
-        if model not in state.served_names:
-            raise APIError(404, f"the model {model!r} does not exist; this server serves "
-                                f"{state.served_names}", param="model", code="model_not_found")
-        return model
-
-    def encode(text: str, add_special_tokens: bool) -> list[int]:
-        if not add_special_tokens:
-            return llm.tokenize(text)[1]
-        if llm.tokenizer is None:
-            raise ValueError("this model has no tokenizer; pass the prompt as a list of token ids")
-        return llm.tokenizer.encode(text, add_special_tokens=True)
-
     def prepare(raw: bytes, chat: bool) -> GenerationRequest:
         """Parse, check, render and tokenize a request (in the thread pool)."""
-        req = parse_request(load(raw), chat, llm.tokenizer, llm.max_model_len, render=False)
-        req.model = served_model(req.model)
-        param = "messages" if chat else "prompt"
-        limit = state.max_prompt_chars
-        ids_list, texts = [], []
-        for k, prompt in enumerate([None] if chat else req.all_prompts()):
-            where = param if chat or len(req.all_prompts()) == 1 else f"prompt[{k}]"
-            if chat:
-                chars = sum(len(m["content"]) for m in req.messages)
-            else:
-                chars = len(prompt) if isinstance(prompt, str) else 0
-            if limit is not None and chars > limit:
-                raise bad(param, f"the {where} of {chars} characters is too long: that many characters make "
-                                 f"more than max_model_len={llm.max_model_len} tokens with this tokenizer")
-            text = render_chat(req.messages, llm.tokenizer) if chat else prompt
-            try:
-                ids = encode(text, req.add_special_tokens) if isinstance(text, str) else llm.tokenize(text)[1]
-                llm.validate(ids, req.params)
-            except ValueError as e:
-                raise bad(param, str(e) if where == param else f"{where}: {e}") from None
-            check_context(req, len(ids), llm.max_model_len)
-            ids_list.append(ids)
-            if req.echo:
-                texts.append(text if isinstance(text, str) else
-                             llm.tokenizer.decode(ids) if llm.tokenizer is not None else "")
-        req.prompt, req.prompts, req.prompt_texts = ids_list[0], ids_list, texts or None
-        return req
+        return prepare_request(raw, chat, llm, state.served_names, state.max_prompt_chars)
 
     async def generate(request: Request, chat: bool):
         if state.draining:
@@ -485,8 +431,8 @@ def build_app(state: ServerState):
 
     def tokenize_body(raw: bytes) -> dict:
         """vLLM's ``/tokenize``: ``{count, max_model_len, tokens, token_strs}``."""
-        t = parse_tokenize(load(raw))
-        served_model(t.model)
+        t = parse_tokenize(_load_body(raw))
+        _served_model(t.model, state.served_names)
         tok = needs_tokenizer()
         text = t.text if t.messages is None else render_chat(t.messages, tok, t.add_generation_prompt)
         ids = tok.encode(text, add_special_tokens=t.add_special_tokens)
@@ -495,8 +441,8 @@ def build_app(state: ServerState):
 
     def detokenize_body(raw: bytes) -> dict:
         """vLLM's ``/detokenize``: ``{tokens}`` -> ``{prompt}``."""
-        model, ids = parse_detokenize(load(raw))
-        served_model(model)
+        model, ids = parse_detokenize(_load_body(raw))
+        _served_model(model, state.served_names)
         tok = needs_tokenizer()
         if llm.vocab_size is not None:
             out = next((t for t in ids if not 0 <= t < llm.vocab_size), None)
@@ -510,6 +456,71 @@ def build_app(state: ServerState):
         return llm.tokenizer
 
     return app
+
+
+def _load_body(raw: bytes):
+    """The JSON body (400 if it is not JSON or holds text that is not valid Unicode)."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise bad(None, "the request body is nested too deeply to parse") from None
+    except ValueError as e:        # not JSON, not UTF-8, or an integer of over 4300 digits
+        raise bad(None, f"the request body is not valid JSON: {str(e)[:200]}") from None
+    where = find_lone_surrogate(body)
+    if where is not None:
+        raise bad(where, f"'{where}' holds a lone UTF-16 surrogate (such as \\ud800 without its pair), "
+                         "which is not valid Unicode text")
+    return body
+
+def _served_model(model: str | None, served_names: list[str]) -> str:
+    model = served_names[0] if model is None else model
+    if model not in served_names:
+        raise APIError(404, f"the model {model!r} does not exist; this server serves "
+                            f"{served_names}", param="model", code="model_not_found")
+    return model
+
+def _encode(llm, text: str, add_special_tokens: bool) -> list[int]:
+    if not add_special_tokens:
+        return llm.tokenize(text)[1]
+    if llm.tokenizer is None:
+        raise ValueError("this model has no tokenizer; pass the prompt as a list of token ids")
+    return llm.tokenizer.encode(text, add_special_tokens=True)
+
+def prepare_request(raw: bytes, chat: bool, llm, served_names: list[str],
+                    prompt_chars_limit: int | None) -> GenerationRequest:
+    """Parse, check, render and tokenize a request body (``APIError`` on bad input).
+
+    ``llm`` is anything with ``tokenizer``, ``max_model_len``, ``tokenize(text)`` and
+    ``validate(ids, params)`` (an ``LLMEngine``; the Ray backend's ingress passes a front
+    that leaves the engine-side checks to the replica). Shared by this server and
+    ``minibatch.cluster.ray_backend``."""
+    req = parse_request(_load_body(raw), chat, llm.tokenizer, llm.max_model_len, render=False)
+    req.model = _served_model(req.model, served_names)
+    param = "messages" if chat else "prompt"
+    limit = prompt_chars_limit
+    ids_list, texts = [], []
+    for k, prompt in enumerate([None] if chat else req.all_prompts()):
+        where = param if chat or len(req.all_prompts()) == 1 else f"prompt[{k}]"
+        if chat:
+            chars = sum(len(m["content"]) for m in req.messages)
+        else:
+            chars = len(prompt) if isinstance(prompt, str) else 0
+        if limit is not None and chars > limit:
+            raise bad(param, f"the {where} of {chars} characters is too long: that many characters make "
+                             f"more than max_model_len={llm.max_model_len} tokens with this tokenizer")
+        text = render_chat(req.messages, llm.tokenizer) if chat else prompt
+        try:
+            ids = _encode(llm, text, req.add_special_tokens) if isinstance(text, str) else llm.tokenize(text)[1]
+            llm.validate(ids, req.params)
+        except ValueError as e:
+            raise bad(param, str(e) if where == param else f"{where}: {e}") from None
+        check_context(req, len(ids), llm.max_model_len)
+        ids_list.append(ids)
+        if req.echo:
+            texts.append(text if isinstance(text, str) else
+                         llm.tokenizer.decode(ids) if llm.tokenizer is not None else "")
+    req.prompt, req.prompts, req.prompt_texts = ids_list[0], ids_list, texts or None
+    return req
 
 
 def sse_event(obj: dict) -> str:
@@ -722,6 +733,9 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m minibatch serve",
                                 description="Serve a model over the OpenAI HTTP API.")
     add_engine_args(p)
+    p.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="local: this process (default); ray: a Ray Serve deployment of engines, see "
+                        "python -m minibatch serve --backend ray --help")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", nargs="+", default=None,
@@ -758,6 +772,12 @@ def main(argv: list[str] | None = None) -> int:
         from minibatch.serving.replicas import main as replicas_main
 
         return replicas_main(argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--backend", choices=["local", "ray"], default="local")
+    backend = pre.parse_known_args(argv)[0].backend
+    if backend == "ray":             # one Ray Serve deployment of engines (minibatch.cluster.ray_backend)
+        from minibatch.cluster import ray_backend
+        return ray_backend.main(argv)
     args = make_parser().parse_args(argv)
     from minibatch.config import EngineConfig
     from minibatch.engine import LLMEngine
