@@ -200,32 +200,32 @@ print(inspect.getdoc(Request))
 excerpt(ContinuousPolicy.schedule_order, "def schedule_order", "return")
 
 # %% [markdown]
-# 然后 `Scheduler.schedule` 沿着这个顺序走，给每个请求分配本步的新 Token 数 $n = \texttt{num\_tokens} - \texttt{num\_computed\_tokens}$。
+# 然后 `Scheduler.schedule` 沿着这个顺序走（循环体在 `Scheduler._build` 里），给每个请求分配本步的新 Token 数 $n = \texttt{num\_tokens} - \texttt{num\_computed\_tokens}$。
 # 下面分四段读它。**① 两个上限。** 预算用完或批里已有 `max_num_seqs` 个请求就停；新请求先查前缀缓存（第 13 章），
 # 命中的部分直接算作“已计算”：
 
 # %%
-excerpt(Scheduler.schedule, "for pos, req in enumerate(order):", "num_new = req.num_tokens - req.num_computed_tokens")
+excerpt(Scheduler._build, "for pos, req in enumerate(order):", "num_new = req.num_tokens - req.num_computed_tokens")
 
 # %% [markdown]
 # **② 分块。** 放不下的请求：开启分块预填充时只拿剩下的预算（下一步接着算）；关闭时整段计算，
 # 除非批里已经有别人——那它就等一个有空位的步（等待中的请求还会挡住后来者，保持先来先服务）：
 
 # %%
-excerpt(Scheduler.schedule, "if num_new > budget:", "continue")
+excerpt(Scheduler._build, "if num_new > room:", "continue")
 
 # %% [markdown]
 # **③ KV 块与抢占。** 为这 $n$ 个 Token 分配块；池子不够时，从顺序的**末尾**挑一个还没排进本步的运行中请求抢占
 # （默认 `recompute`：释放它的块、计数器清零、放回等待队列的最前面），再试一次；实在没有可抢的，这个请求自己被抢占：
 
 # %%
-excerpt(Scheduler.schedule, "ok = self._allocate(req, num_new, computed_blocks)", "batch.preempted.append(req)")
+excerpt(Scheduler._build, "ok = self._allocate(req, num_new, computed_blocks)", "batch.preempted.append(req)")
 
 # %% [markdown]
 # **④ 入批。** 新请求转入运行队列，`(request, n)` 追加进 `ScheduledBatch`，预算减去 $n$：
 
 # %%
-excerpt(Scheduler.schedule, "self._admit(req, now)", "budget -= num_new", before=1)
+excerpt(Scheduler._build, "self._admit(req, now)", "budget -= num_new", before=1)
 
 # %% [markdown]
 # 把实验里每一步的批打印出来，`(请求, 调度前已计算的 Token 数, 本步的 n)`，后面是本步被抢占的请求：
