@@ -118,6 +118,27 @@ def bad(param: str | None, message: str) -> APIError:
     return APIError(400, message, param=param)
 
 
+def add_error_handlers(app, what: str) -> None:
+    """Answer every error of a FastAPI ``app`` in OpenAI's shape: an :class:`APIError` as
+    itself, an HTTP error (404, 405, ...) with its status, anything else as a 500 naming
+    ``what`` failed ("server", "router"). Shared by the server and the HTTP router."""
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(APIError)
+    async def api_error(request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, e: HTTPException):
+        return JSONResponse(APIError(e.status_code, str(e.detail)).body(), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request, e: Exception):
+        err = APIError(500, f"internal {what} error: {type(e).__name__}: {e}", type="server_error")
+        return JSONResponse(err.body(), status_code=500)
+
+
 @dataclass
 class GenerationRequest:
     """A checked request: what to generate, how, and how to answer.

@@ -74,12 +74,11 @@ import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from starlette.exceptions import HTTPException
 
 from minibatch.cluster import routers
 from minibatch.cluster.replica import ReplicaView
 from minibatch.serving.metrics import CONTENT_TYPE_LATEST
-from minibatch.serving.protocol import APIError
+from minibatch.serving.protocol import APIError, add_error_handlers
 
 DEFAULT_POLL_INTERVAL_S = 0.5
 DEFAULT_HEALTH_TIMEOUT_S = 2.0
@@ -741,18 +740,7 @@ def build_app(state: RouterState) -> FastAPI:
     app = FastAPI(title="minibatch router", lifespan=lifespan)
     app.state.router = state
 
-    @app.exception_handler(APIError)
-    async def api_error(request, e: APIError):
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request, e: HTTPException):
-        return JSONResponse(APIError(e.status_code, str(e.detail)).body(), status_code=e.status_code)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request, e: Exception):
-        err = APIError(500, f"internal router error: {type(e).__name__}: {e}", type="server_error")
-        return JSONResponse(err.body(), status_code=500)
+    add_error_handlers(app, "router")
 
     @app.get("/health")
     async def health():

@@ -81,7 +81,6 @@ import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from minibatch.config import add_engine_args, engine_kwargs, env
@@ -93,6 +92,7 @@ from minibatch.serving.protocol import (
     APIError,
     Choice,
     GenerationRequest,
+    add_error_handlers,
     bad,
     chat_logprobs,
     check_context,
@@ -235,18 +235,7 @@ def build_app(state: ServerState):
     engine = state.engine
     llm = engine.engine
 
-    @app.exception_handler(APIError)
-    async def api_error(request, e: APIError):
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request, e: HTTPException):
-        return JSONResponse(APIError(e.status_code, str(e.detail)).body(), status_code=e.status_code)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request, e: Exception):
-        err = APIError(500, f"internal server error: {type(e).__name__}: {e}", type="server_error")
-        return JSONResponse(err.body(), status_code=500)
+    add_error_handlers(app, "server")
 
     @app.get("/health")
     async def health():
