@@ -74,3 +74,31 @@ def metric(text: str, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     raise KeyError(f"{name} {labels}")
+
+
+def one_thread_llm():
+    """The offline reference ``LLM("tiny")`` on one CPU thread, like the servers (two busy
+    processes on few cores); a generator for a module-scoped fixture."""
+    import torch
+
+    from minibatch import LLM
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield LLM("tiny")
+    torch.set_num_threads(threads)
+
+
+def pace(engine, deadline_s: float):
+    """Make ``engine.step`` wait for a release of the returned semaphore before each step,
+    so a test decides when every step runs."""
+    import threading
+
+    step, allowed = engine.step, threading.Semaphore(0)
+
+    def paced_step():
+        assert allowed.acquire(timeout=deadline_s), "the test stopped pacing the engine"
+        return step()
+
+    engine.step = paced_step
+    return allowed

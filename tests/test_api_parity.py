@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 
 import httpx
 import pytest
 import torch
+from serving_utils import one_thread_llm, pace
 
 from minibatch import LLM, SamplingParams
 from minibatch.serving.async_engine import AsyncEngine
@@ -36,10 +36,7 @@ EOS_PROMPT = "小明和他的狗"          # greedy: EOS (<|endoftext|>) is its 
 @pytest.fixture(scope="module")
 def llm():
     """The offline reference: an engine of its own (the server's runs in its own thread)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield LLM("tiny")
-    torch.set_num_threads(threads)
+    yield from one_thread_llm()
 
 
 @pytest.fixture(scope="module")
@@ -86,13 +83,7 @@ def test_the_chat_role_chunk_is_sent_only_once_the_first_token_exists(served, ll
     ae, _ = served
     ids = [5, 6, 7]
     want = offline(llm, [ids], temperature=0.0, max_tokens=4, ignore_eos=True)[0]
-    step, allowed = ae.engine.step, threading.Semaphore(0)
-
-    def paced_step():
-        assert allowed.acquire(timeout=DEADLINE_S), "the test stopped pacing the engine"
-        return step()
-
-    ae.engine.step = paced_step
+    allowed = pace(ae.engine, DEADLINE_S)
 
     async def main():
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

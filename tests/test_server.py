@@ -15,10 +15,9 @@ import time
 
 import httpx
 import pytest
-import torch
+from serving_utils import ServerProcess, metric, one_thread_llm
 
-from minibatch import LLM, SamplingParams
-from serving_utils import ServerProcess, metric
+from minibatch import SamplingParams
 
 openai = pytest.importorskip("openai")
 
@@ -43,10 +42,7 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def llm():
     """The offline reference, on one CPU thread like the server (two busy processes, few cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield LLM("tiny")
-    torch.set_num_threads(threads)
+    yield from one_thread_llm()
 
 
 @pytest.fixture(scope="module")

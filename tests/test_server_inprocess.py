@@ -12,13 +12,19 @@ import time
 
 import httpx
 import pytest
-import torch
+from serving_utils import one_thread_llm, pace
 
-from minibatch import LLM, SamplingParams
+from minibatch import SamplingParams
 from minibatch.serving.async_engine import AsyncEngine
 from minibatch.serving.metrics import ServingMetrics
 from minibatch.serving.protocol import GenerationRequest
-from minibatch.serving.server import ServerState, build_app, default_allowed_hosts, host_allowed, sse_events
+from minibatch.serving.server import (
+    ServerState,
+    build_app,
+    default_allowed_hosts,
+    host_allowed,
+    sse_events,
+)
 
 DEADLINE_S = 120
 JSON = {"Content-Type": "application/json"}
@@ -27,10 +33,7 @@ GREEDY = dict(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield LLM("tiny")
-    torch.set_num_threads(threads)
+    yield from one_thread_llm()
 
 
 @pytest.fixture
@@ -103,13 +106,7 @@ def test_a_reader_that_keeps_up_gets_one_event_per_step(served, llm):
     gets exactly that step's token, before the next step runs."""
     ae, _, _ = served
     want = offline(llm, [[5, 6, 7]], max_tokens=6)[0].outputs[0].token_ids
-    step, allowed = ae.engine.step, threading.Semaphore(0)
-
-    def paced_step():
-        assert allowed.acquire(timeout=DEADLINE_S), "the test stopped pacing the engine"
-        return step()
-
-    ae.engine.step = paced_step
+    allowed = pace(ae.engine, DEADLINE_S)
 
     async def run():
         stream = await ae.add_request([5, 6, 7], SamplingParams(**{**GREEDY, "max_tokens": 6}), "paced")
