@@ -118,9 +118,7 @@ def dispatch_run(backend):
     return {rid: eng.requests[rid].output_token_ids for rid in DISPATCH_PROMPTS}, steps
 
 
-t0 = time.perf_counter()
 tokens_triton, dispatch_steps = dispatch_run("triton")
-t_dispatch = time.perf_counter() - t0
 tokens_cpu, _ = dispatch_run("cpu")
 n_layers = get_model_spec("tiny").num_layers
 md_table(["step", "decode tokens", "prefill tokens", "store_kv calls", "decode calls", "prefill calls"],
@@ -139,8 +137,7 @@ assert all(c.get("store_kv") == n_layers for _, _, c in dispatch_steps), "one st
 # %% [markdown]
 # tiny 模型有 {{n_layers}} 层，所以每一步调用 {{n_layers}} 次 `store_kv`；第 {{mixed[0]}} 步是混合步（A、B 解码，C 预填充），
 # 每层既调解码内核、也调预填充内核。两个后端的贪心输出逐 Token 相同——这是引擎级别的端到端检查，17.7 节会把它放进测试策略里。
-# 解释器很慢：这 {{len(dispatch_steps)}} 步花了 {{t_dispatch:.1f}} s（墙钟时间，取决于机器负载），所以本章其余的检查都直接调用内核、
-# 用很小的形状。
+# 解释器很慢（每次启动内核，它都在 Python 里逐个程序地执行），所以本章其余的检查都直接调用内核、用很小的形状。
 #
 # ## 17.2 KV 写入内核
 #

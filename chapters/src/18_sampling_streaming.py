@@ -40,7 +40,6 @@ import openai
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from IPython.display import display
 from prometheus_client.parser import text_string_to_metric_families
 
 import minibatch
@@ -48,7 +47,7 @@ from minibatch import LLM, EngineConfig, LLMEngine, SamplingParams
 from minibatch.engine import _find_stop
 from minibatch.request import Request
 from minibatch.sampler import apply_min_p, apply_top_k_top_p, sample
-from minibatch.serving import async_engine, server as mb_server
+from minibatch.serving import server as mb_server
 from minibatch.serving.async_engine import AsyncEngine
 from minibatch.tokenizer import IncrementalDetokenizer
 from minibatch.viz import md_table
@@ -117,7 +116,7 @@ model.compute_logits = compute_logits                      # stop listening
 z = seen_logits[-1][-1:].float()                            # the last row: the prompt's next token
 vocab = z.shape[-1]
 
-T, MIN_P, TOP_K, TOP_P = 0.7, 0.05, 8, 0.8
+T, MIN_P, TOP_K, TOP_P = 1.5, 0.05, 8, 0.8
 stages = {"raw (T=1)": z, f"T={T}": z / T}
 stages[f"+ min_p={MIN_P}"] = apply_min_p(stages[f"T={T}"], [MIN_P])
 stages[f"+ top_k={TOP_K}"] = apply_top_k_top_p(stages[f"+ min_p={MIN_P}"], [TOP_K], [1.0])
@@ -137,12 +136,12 @@ fig.suptitle(f"Next token after {PROMPT!r}: each filter in the sampler's order (
 plt.tight_layout()
 plt.show()
 sizes = list(support.values())
-assert sizes == sorted(sizes, reverse=True) and sizes[-1] < sizes[2] < vocab, "each filter keeps fewer tokens"
+assert sizes[0] == sizes[1] == vocab and sizes[1] > sizes[2] > sizes[3] > sizes[4] > 1, "each filter cuts some tokens"
 
 # %% [markdown]
-# 原始分布里最可能的是 {{labels[0]!r}}（{{probs["raw (T=1)"][order[0]].item():.0%}}），词表共 {{vocab}} 个 Token。
-# 温度 {{T}} 让它升到 {{probs[f"T={T}"][order[0]].item():.0%}}；min-p 只留下 {{support[f"+ min_p={MIN_P}"]}} 个 Token，
-# top-k 留下 {{support[f"+ top_k={TOP_K}"]}} 个，top-p 最后留下 {{support[f"+ top_p={TOP_P}"]}} 个。
+# 原始分布里最可能的是 {{labels[0]!r}}（{{probs["raw (T=1)"][order[0]].item():.0%}}），词表共 {{vocab}} 个 Token，每一个的概率都大于 0。
+# 温度 {{T}} 把分布压平，{{labels[0]!r}} 降到 {{probs[f"T={T}"][order[0]].item():.0%}}（温度不截断任何 Token）；min-p 只留下
+# {{support[f"+ min_p={MIN_P}"]}} 个 Token，top-k 再留下 {{support[f"+ top_k={TOP_K}"]}} 个，top-p 最后留下 {{support[f"+ top_p={TOP_P}"]}} 个。
 #
 # 图上的分布是采样器自己的函数一步一步算出来的；它真的是 `sample` 抽样时用的分布吗？用同一行 Logits 抽 4000 次（每行一个请求，
 # 全局随机数先设种子），比较经验频率与最后一幅图的概率：
@@ -284,7 +283,7 @@ earliest = stop_out["stop=['一天', '有一天']"]
 # **最早匹配**（Earliest Match）。最后一行给了两个停止字符串 `["一天", "有一天"]`。Token `天` 到来时，两个字符串**同时**第一次完整出现，
 # 而且互相重叠。minibatch 的 `_find_stop` 取**起点最早**的那个（`有一天`），文本截成 {{earliest.text!r}}；
 # vLLM v0.11.0 的 `check_stop_strings`（`vllm/v1/engine/detokenizer.py`）按**列表顺序**找、返回第一个找到的（`一天`），
-# 同样的请求在 vLLM 上会得到 `'，名叫花花。有'`。两条规则只在多个停止字符串在同一步里完成时才有差别；最早匹配的结果不依赖你把停止字符串按什么顺序写。
+# 按这段代码，同样的请求在 vLLM 上会截成 `'，名叫花花。有'`。两条规则只在多个停止字符串在同一步里完成时才有差别；最早匹配的结果不依赖你把停止字符串按什么顺序写。
 #
 # **EOS。** tiny 模型的对话模板是 ChatML，模型答完会生成 `<|im_end|>`（它在模型的 EOS 列表里）。`ignore_eos=True` 让生成越过它一直到 `max_tokens`：
 
@@ -330,10 +329,13 @@ md_table(["token id", "bytes (hex)", "decode([id]) alone", "push(id) returns"], 
 print("token by token :", "".join(naive))
 print("incremental    :", detok.text)
 assert detok.text == TEXT and "\ufffd" in "".join(naive), "the prose says naive decoding breaks and push does not"
+split_chars = {ch: len(tok.encode(ch, add_special_tokens=False)) for ch in ("咖", "😀")}
+assert split_chars == {"咖": 2, "😀": 4}, "the prose says how many tokens these characters take"
 print(inspect.getsource(IncrementalDetokenizer.push))
 
 # %% [markdown]
-# {{len(TEXT)}} 个字符编码成 {{len(ids)}} 个 Token：`咖` 的三个字节 `e5 92 96` 分在两个 Token 里，emoji `😀` 的四个字节分在四个 Token 里。
+# {{len(TEXT)}} 个字符编码成 {{len(ids)}} 个 Token：`咖` 的三个字节 `{{"咖".encode().hex(" ")}}` 分在 {{split_chars["咖"]}} 个 Token 里，
+# emoji `😀` 的四个字节 `{{"😀".encode().hex(" ")}}` 分在 {{split_chars["😀"]}} 个 Token 里。
 # 逐个解码拼起来是乱码；`IncrementalDetokenizer`（`minibatch/tokenizer.py`）保留两个偏移量：`prefix_offset` 之前的 Token 已经定稿，
 # 每次把 `[prefix_offset, read_offset)` 与 `[prefix_offset, 末尾)` 各解码一次，后者比前者多出来的部分就是新文本；
 # 如果新文本以 `�` 结尾，说明最后一个字还没凑齐，先**扣住**不发，等下一个 Token。vLLM 的“慢速”反分词器
@@ -588,7 +590,12 @@ def metric(name, **labels):
 aborts_before = metric("vllm:request_success_total", finished_reason="abort")
 body = {"model": "tiny", "prompt": STORY, "max_tokens": 900, "ignore_eos": True, "stream": True}
 with httpx.stream("POST", BASE + "/v1/completions", json=body, timeout=30) as resp:
-    got = [line for line, _ in zip((l for l in resp.iter_lines() if l.startswith("data:")), range(5))]
+    lines = resp.iter_lines()              # keep the iterator: dropping it would already close the connection
+    got = []
+    while len(got) < 5:
+        line = next(lines)
+        if line.startswith("data:"):
+            got.append(line)
     blocks_streaming = metric("minibatch:kv_cache_used_blocks")
 t_close = time.monotonic()                      # leaving the with-block closed the connection
 while time.monotonic() - t_close < 10 and metric("minibatch:kv_cache_used_blocks") > 0:
