@@ -90,7 +90,7 @@ print("minibatch", minibatch.__version__, "| openai", openai.__version__, "| ser
 # 温度 → min-p → top-k → top-p → Softmax → 抽样；贪心行直接取 argmax；行与行之间互不影响：
 
 # %%
-print(inspect.getdoc(minibatch.sampler)[:760])
+print(inspect.getdoc(minibatch.sampler).split("\n\n")[0])
 print(inspect.getsource(minibatch.sampler._draw))
 
 # %% [markdown]
@@ -713,8 +713,9 @@ W.interact(explore, temperature=W.FloatSlider(value=0.7, min=0.1, max=2.0, step=
 #
 # 1. top-k 保留的是概率最大的前 k 个，top-p 保留的也是按概率排序的一个前缀；两者都是“前缀”，但 top-p 的长度取决于它看到的分布是否已被截断并重新归一化。
 #    先 top-k 再 top-p 时，top-p 在重新归一化后的分布上累计，每个 Token 更“重”，前缀更短，所以这个顺序留下的集合不会更大。
-# 2. 温度升高，最可能 Token 的概率下降，阈值 $p_\min \cdot \max p$ 随之下降，但其余 Token 的概率也在上升：留下的 Token 数增加，但增加得比 top-p 慢，
-#    因为 top-p 要凑够固定的总概率，分布越平、需要的 Token 越多。
+# 2. 温度升高，最可能 Token 的概率下降，阈值 $p_\min \cdot \max p$ 随之下降，同时其余 Token 的概率上升：min-p 留下的 Token 变多。
+#    top-p 要凑够固定的总概率，分布越平需要的 Token 也越多。两者增长得快慢取决于分布的形状，以你在这行 Logits 上数出的为准；
+#    要点是 min-p 的阈值随模型的“把握”（最大概率）浮动，而 top-p 只看累计概率。
 # 3. 每个 Token 最多 64 次 `str.find`，每次在整段文字上查找：4000 个 Token 共约 25.6 万次，且每次的文字越来越长。限制数量，
 #    才能保证一个请求的参数不会拖慢整个批的每一步。
 # 4. 扣留 19 个字符：前 19 个字符不会立刻发出，用户看到的首字延迟变长（TTFT 在服务端没变，客户端看到的“首字”却晚了）。
