@@ -210,7 +210,7 @@ class _GPU:
         self.loaded_at = 0.0
         self.loading: _Slot | None = None   # the model being loaded, until free_at
         self.draining = False               # the resident model takes no new requests
-        self.held: dict[str, deque] = {}    # model -> (time, spec, rid) not handed to an engine
+        self.held: dict[str, deque] = {}    # model -> (spec, request id) not handed to its engine yet
         self.switches: list[dict] = []
 
     # -- time-slicing -------------------------------------------------------------------
@@ -227,11 +227,14 @@ class _GPU:
         return self.loading is None and slot is self.resident and not self.draining
 
     def update_drain(self, now: float) -> None:
+        """Time-slicing: the resident model starts draining once another model waits and it has
+        held the GPU for ``max_slice_s``."""
         if (self.mode == "time_slice" and self.loading is None and not self.draining
                 and self.others_waiting() and now - self.loaded_at >= self.max_slice_s - _EPS):
             self.draining = True
 
     def next_event(self) -> float:
+        """When this GPU next acts: its next step, the end of a switch, or ``inf`` (idle)."""
         inf = float("inf")
         if self.mode == "partition":
             ready = [s.rep.next_event_time() for s in self.slots if s.has_work()]
@@ -244,6 +247,61 @@ class _GPU:
 
     def held_count(self, model: str) -> int:
         return len(self.held.get(model, ()))
+
+    # -- the next action ----------------------------------------------------------------
+    def act(self, t: float, hand_over) -> None:
+        """The GPU's next action at ``t`` (``next_event()``): one model's step, or a switch that
+        starts or ends. ``hand_over(slot, spec, rid, now)`` gives a held request to an engine."""
+        if self.mode == "partition":
+            self._step(self._next_in_turn(t), t)
+        elif self.loading is not None:                 # the new model's weights are in: it serves
+            self.resident, self.loading = self.loading, None
+            self.loaded_at, self.draining = t, False
+            self._take_held(self.resident, t, hand_over)
+            self.update_drain(t)
+        elif self.resident.has_work():
+            self.update_drain(t)
+            self._step(self.resident, t)
+            self.update_drain(self.free_at)
+        elif self.others_waiting():                    # the resident model is idle (or drained)
+            self._start_switch(self._next_model(), t)
+        else:
+            self.draining = False
+            self._take_held(self.resident, t, hand_over)
+
+    def _next_in_turn(self, t: float) -> _Slot:
+        """Partition: the next model in round-robin order that has a step due at ``t``."""
+        n = len(self.slots)
+        for k in range(n):
+            slot = self.slots[(self.turn + k) % n]
+            if slot.has_work() and slot.rep.next_event_time() <= t + _EPS:
+                self.turn = (self.turn + k + 1) % n
+                return slot
+        raise RuntimeError(f"GPU {self.index} has no model ready at {t}")
+
+    def _next_model(self) -> _Slot:
+        """Time-slicing: the model whose oldest held request arrived first."""
+        waiting = [(q[0][0].arrival_time, m) for m, q in self.held.items() if q and m != self.resident.model]
+        return self.slot_of(min(waiting)[1])
+
+    def _start_switch(self, target: _Slot, t: float) -> None:
+        seconds = self.switch_s[target.model]
+        self.switches.append({"gpu": self.index, "t": t, "from": self.resident.model, "to": target.model,
+                              "seconds": seconds})
+        self.loading = target
+        self.free_at = t + seconds
+        target.engine.clock.advance_to(self.free_at)
+
+    def _step(self, slot: _Slot, t: float) -> None:
+        slot.engine.clock.advance_to(t)
+        slot.rep.step()
+        self.free_at = slot.engine.clock.now()
+
+    def _take_held(self, slot: _Slot, t: float, hand_over) -> None:
+        q = self.held[slot.model]
+        while q:
+            spec, rid = q.popleft()
+            hand_over(slot, spec, rid, t)
 
 
 def run(workload, placement, mode: str = "partition", hardware: str = "a100-80g", *,
@@ -374,53 +432,6 @@ def run(workload, placement, mode: str = "partition", hardware: str = "a100-80g"
             gpu.held[slot.model].append((spec, rid))
             gpu.update_drain(now)
 
-    def step_slot(gpu: _GPU, slot: _Slot, t: float) -> None:
-        slot.engine.clock.advance_to(t)
-        slot.rep.step()
-        gpu.free_at = slot.engine.clock.now()
-
-    def act(gpu: _GPU, t: float) -> None:
-        """The GPU's next action at ``t``: a step of one of its models, or a switch."""
-        if gpu.mode == "partition":
-            n = len(gpu.slots)
-            for k in range(n):
-                slot = gpu.slots[(gpu.turn + k) % n]
-                if slot.has_work() and slot.rep.next_event_time() <= t + _EPS:
-                    gpu.turn = (gpu.turn + k + 1) % n
-                    step_slot(gpu, slot, t)
-                    return
-            raise RuntimeError(f"GPU {gpu.index} has no model ready at {t}")   # next_event said one was
-        if gpu.loading is not None:                       # a switch ends: the new model serves
-            gpu.resident, gpu.loading = gpu.loading, None
-            gpu.loaded_at, gpu.draining = t, False
-            q = gpu.held[gpu.resident.model]
-            while q:
-                spec, rid = q.popleft()
-                hand_over(gpu.resident, spec, rid, t)
-            gpu.update_drain(t)
-            return
-        gpu.update_drain(t)
-        if gpu.resident.has_work():
-            step_slot(gpu, gpu.resident, t)
-            gpu.update_drain(gpu.free_at)
-            return
-        waiting = [(q[0][0].arrival_time, i, m) for i, (m, q) in enumerate(gpu.held.items())
-                   if q and m != gpu.resident.model]
-        if waiting:                                       # the resident model is idle: switch
-            _, _, m = min(waiting)
-            target = gpu.slot_of(m)
-            gpu.switches.append({"gpu": gpu.index, "t": t, "from": gpu.resident.model, "to": m,
-                                 "seconds": gpu.switch_s[m]})
-            gpu.loading = target
-            gpu.free_at = t + gpu.switch_s[m]
-            target.engine.clock.advance_to(gpu.free_at)
-            return
-        q = gpu.held[gpu.resident.model]                  # only its own requests wait: take them
-        gpu.draining = False
-        while q:
-            spec, rid = q.popleft()
-            hand_over(gpu.resident, spec, rid, t)
-
     pending = deque(specs)
     inf = float("inf")
     while True:
@@ -436,7 +447,7 @@ def run(workload, placement, mode: str = "partition", hardware: str = "a100-80g"
                 raise RuntimeError(f"GPU {stuck[0].gpu.index}: model {stuck[0].model} holds requests and "
                                    "nothing is due (a policy that never schedules them?)")
             break
-        act(gpu, t_gpu)
+        gpu.act(t_gpu, hand_over)
 
     records: list[RequestRecord] = []
     per_slot: dict[int, list[RequestRecord]] = {s.rep.index: [] for s in slots}
