@@ -15,7 +15,8 @@ replicas with Ray Serve's rule (``minibatch.cluster.autoscaler``); ``migration=T
 (Llumnix-style, ``minibatch.cluster.migration``); ``disaggregation=Disaggregation(prefill=P, decode=D,
 link_gbps=...)`` prefills on P replicas and decodes on D others, the prompt's KV blocks sent over a
 link in between (DistServe, ``minibatch.cluster.disagg``; ``goodput_per_gpu`` is its figure of
-merit); ``ClusterResult.requests`` holds every record (each with
+merit); several models sharing one GPU (memory partitioning, time-slicing) and placements of
+models over GPUs are ``minibatch.cluster.multimodel.run``; ``ClusterResult.requests`` holds every record (each with
 ``.replica``), ``ClusterResult.replicas`` one ``RunResult`` per replica. How the event loop
 keeps N replicas' time apart: ``minibatch.cluster.runner``; the routers and where each
 rule comes from: ``minibatch.cluster.routers``.
