@@ -657,9 +657,10 @@ assert err["failed"] > 0 and err["counted"] == err["ok"], "errors before the eng
 # %% [markdown]
 # 两个现象都是真实值班中最让人困惑的情况：
 #
-# - **`slow`**：客户端的 TTFT 比服务端直方图里的平均 TTFT 多出约 {{gap_slow:.2f}} s（健康时只多 {{gap_healthy:.3f}} s）。
-#   服务端的 TTFT 从请求**进入引擎**算起（minibatch 在 `LLMEngine.add_request` 时记下到达时间），注入的延迟发生在那之前，
-#   所以服务端面板一切正常，用户却在抱怨——网络、网关、API 层的排队都属于这一类。必须同时看客户端（或网关）一侧的延迟：
+# - **`slow`**：客户端测到的 TTFT 与服务端直方图里的平均 TTFT 之差，从健康时的 {{gap_healthy:.3f}} s 涨到 {{gap_slow:.2f}} s，
+#   多出的 {{gap_slow - gap_healthy:.2f}} s 与注入的延迟相当（进入引擎之前与第一个流式事件之前各 0.15 s；墙钟测量，有噪声）。服务端的 TTFT 从请求**进入引擎**算起
+#   （minibatch 在 `LLMEngine.add_request` 时记下到达时间），这段延迟它看不见：服务端面板照常，用户却在抱怨——网络、网关、API 层的排队
+#   都属于这一类。（服务端 TTFT 本身在繁忙的共享机器上也随负载浮动，所以这里比的是两者之差。）必须同时看客户端（或网关）一侧的延迟：
 #   第 8 章的压测客户端就是客户端视角。
 # - **`error`**：{{err["failed"]}} 个请求在进入引擎之前就被回了 500，`vllm:request_success_total` 只增加了成功的
 #   {{err["counted"]:.0f}} 个——vLLM 风格的引擎指标里根本没有这些失败。错误率要从路由器（minibatch 路由器的
