@@ -37,7 +37,7 @@ import minibatch
 from minibatch import cluster
 from minibatch.cluster import Disaggregation
 from minibatch.cluster.disagg import Disaggregator
-from minibatch.results import capacity, steady_state
+from minibatch.results import capacity, meets_slo, steady_state
 from minibatch.runner import run
 from minibatch.sim import make_cost_model
 from minibatch.viz import md_table
@@ -219,7 +219,7 @@ assert t_x["10 Gb Ethernet"]["llama-2-13b"] > 4 * t_pre["llama-2-13b"]
 # ## 27.4 每 GPU 有效吞吐：同样 4 张 GPU
 #
 # 四种部署用同样 4 张 GPU：合置 4 个副本（不分块；分块 512），以及三种分离比例 1P3D、2P2D、3P1D（{{LINK_GBPS:.0f}} Gb/s 链路）。
-# 每 GPU 到达率从 1 req/s 起每次加 1，三个种子的中位达成率低于 50% 就停（再往上只是更过载）；每次运行 10 秒的泊松到达，
+# 每 GPU 到达率从 1 req/s 起每次加 1，三个种子的中位达成率一低于 {{TARGET:.0%}} 就停（再往上只是更过载）；每次运行 10 秒的泊松到达，
 # 稳态指标去掉最先与最后 10% 到达的请求。服务容量按每个种子分别求（`capacity`），再取 3 个种子的中位数。
 
 # %% tags=["nbval-check-output"]
@@ -231,9 +231,14 @@ sweep = {}          # (setup, rate per GPU, seed) -> steady-state summary
 
 
 def measure(name, rate, seed, **override):
+    """The steady-state summary of one run, plus the attainment of each SLO bound on its own."""
     kw = {**SETUPS[name], **override}
     res = cluster.run(workload(GPUS * rate, seed), router="least_requests", **ENGINE, **kw)
-    return res.summary(slo=SLO, trim=0.1)
+    s = res.summary(slo=SLO, trim=0.1)
+    done = [r for r in steady_state(res.requests, 0.1) if r.completed]
+    for key, bound in SLO.items():
+        s[f"{key}_only"] = sum(meets_slo(r, {key: bound}) for r in done) / len(done)
+    return s
 
 
 for name in SETUPS:
@@ -241,7 +246,7 @@ for name in SETUPS:
     while rate <= 6.0:
         for seed in SEEDS:
             sweep[name, rate, seed] = measure(name, rate, seed)
-        if np.median([sweep[name, rate, s]["slo_attainment"] for s in SEEDS]) < 0.5:
+        if np.median([sweep[name, rate, s]["slo_attainment"] for s in SEEDS]) < TARGET:
             break
         rate += STEP
 rates_of = {name: sorted({r for n, r, _ in sweep if n == name}) for name in SETUPS}
@@ -262,11 +267,11 @@ best_colo = max(cap["colocated"], cap["colocated, chunked 512"])
 assert best == "3P1D" and cap["3P1D"] >= 1.3 * best_colo, "the prose: 3P1D serves the most per GPU"
 assert cap["1P3D"] < cap["colocated"] and cap["2P2D"] <= cap["colocated, chunked 512"] + STEP
 assert cap["colocated, chunked 512"] >= cap["colocated"], "chunking helps colocated a little"
-last = {name: max(rates_of[name]) for name in SETUPS}    # the first rate with median attainment < 50%
-assert med("colocated", last["colocated"], "tpot_p90") > 1.5 * SLO["tpot"] and \
-    med("colocated", last["colocated"], "ttft_p90") < SLO["ttft"] / 2, "colocated fails on TPOT, not TTFT"
-assert med("1P3D", last["1P3D"], "ttft_p90") > 2 * SLO["ttft"] and \
-    med("1P3D", last["1P3D"], "tpot_p90") < SLO["tpot"] / 2, "1P3D fails on TTFT (its one prefill GPU queues)"
+last = {name: max(rates_of[name]) for name in SETUPS}    # the first rate that misses the target
+assert med("colocated", last["colocated"], "tpot_only") < TARGET <= med("colocated", last["colocated"], "ttft_only"), \
+    "colocated fails on TPOT, not TTFT"
+assert med("1P3D", last["1P3D"], "ttft_only") < TARGET <= med("1P3D", last["1P3D"], "tpot_only"), \
+    "1P3D fails on TTFT (its one prefill GPU queues)"
 
 # %%
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.4))
@@ -293,12 +298,12 @@ plt.show()
 # 三个种子的中位数：
 #
 # - **合置**：不分块时容量为每 GPU {{cap["colocated"]:g}} req/s，分块 512 为 {{cap["colocated, chunked 512"]:g}}。限制它的是 TPOT：
-#   到达率越高，$\rho_p$ 越大，TPOT 被预填充拖过 SLO：不分块时在每 GPU {{last["colocated"]:g}} req/s，TPOT p90 为
-#   {{med("colocated", last["colocated"], "tpot_p90") * 1e3:.1f}} ms，TTFT p90 却只有 {{med("colocated", last["colocated"], "ttft_p90"):.2f}} s。
+#   到达率越高，$\rho_p$ 越大，TPOT 被预填充拖过 SLO：不分块时在每 GPU {{last["colocated"]:g}} req/s，只看 TPOT 的达成率是
+#   {{med("colocated", last["colocated"], "tpot_only"):.0%}}，只看 TTFT 的却有 {{med("colocated", last["colocated"], "ttft_only"):.0%}}。
 # - **3P1D**：每 GPU {{cap["3P1D"]:g}} req/s，是最好的合置部署的 {{cap["3P1D"] / best_colo:.1f}} 倍。
 # - **2P2D**（{{cap["2P2D"]:g}}）与合置差不多，**1P3D**（{{cap["1P3D"]:g}}）比合置还差：一张预填充 GPU 接不住 4 张 GPU 份量的提示词——
-#   每 GPU {{last["1P3D"]:g}} req/s 时 TTFT p90 已是 {{med("1P3D", last["1P3D"], "ttft_p90"):.1f}} s，而三张解码 GPU 的 TPOT p90 只有
-#   {{med("1P3D", last["1P3D"], "tpot_p90") * 1e3:.1f}} ms，远没用满。**分离本身不带来容量，比例才带来容量。**
+#   每 GPU {{last["1P3D"]:g}} req/s 时只有 {{med("1P3D", last["1P3D"], "ttft_only"):.0%}} 的请求满足 TTFT（p90 为
+#   {{med("1P3D", last["1P3D"], "ttft_p90"):.1f}} s），而三张解码 GPU 的 TPOT p90 只有 {{med("1P3D", last["1P3D"], "tpot_p90") * 1e3:.1f}} ms，远没用满。**分离本身不带来容量，比例才带来容量。**
 #
 # 两点说明。这里的容量分辨率是 1 req/s/GPU（扫描的步长）；`python benchmarks/cluster.py --disagg` 用二分法、每次至少 300 个请求做同样的比较，
 # 更精确也慢得多，不在本章的时间预算里。每次运行只有 10 秒的到达：预填充池接近饱和时，排队增长得很慢，
@@ -350,7 +355,8 @@ assert all(abs(cap[k] - v) <= 1.0 for k, v in predicted.items()), "the model is 
 RATE_LINK = 4.0
 BANDWIDTHS = [400, 200, 100, 50, 25, 10]
 link_s = {g: measure("3P1D", RATE_LINK, 1, disaggregation=Disaggregation(3, 1, link_gbps=g)) for g in BANDWIDTHS}
-colo_best = max(("colocated", "colocated, chunked 512"), key=lambda n: sweep[n, RATE_LINK, 1]["slo_attainment"])
+colo_best = max((n for n in ("colocated", "colocated, chunked 512") if (n, RATE_LINK, 1) in sweep),
+                key=lambda n: sweep[n, RATE_LINK, 1]["slo_attainment"])
 colo_goodput = RATE_LINK * sweep[colo_best, RATE_LINK, 1]["slo_attainment"]
 link_goodput = {g: RATE_LINK * s["slo_attainment"] for g, s in link_s.items()}
 bytes_mean = float(np.mean([-(-int(p) // 16) * 16 for p in prompts])) * kv_tok["llama-3-8b"]
