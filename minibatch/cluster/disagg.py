@@ -25,13 +25,15 @@ so a prefill replica sends one transfer at a time and a decode replica receives 
 time, first come first served. A transfer starts at ``t0 = max(t_ready, both ends' links
 free)`` (``t_ready``: the end of the prefill step, or the time a decode replica had room) and
 holds both links for ``kv_bytes / link_bytes_per_s``; the latency delays its end but holds no
-link. So the link's utilisation, ``rate x kv_bytes / link_bytes_per_s`` per prefill replica,
-must stay below 1, or transfers queue without bound. From ``t_ready`` to the transfer's end
-the request holds its blocks on both sides (``in_flight`` counts them; the decode side's are
-reserved when the destination is chosen). At ``t0 + transfer`` the prefill replica frees its blocks (once) and the request joins
-the decode replica's running requests; a decode replica busy in a step takes it in its next
-step. With ``executor="model"`` the blocks are really copied between the engines' ``kv_caches``
-at ``t0`` (they cannot change afterwards), so greedy tokens equal a single engine's.
+link. So each link's utilisation, ``rate through it x kv_bytes / link_bytes_per_s`` (a prefill
+replica's outgoing, a decode replica's incoming requests), must stay below 1, or transfers
+queue without bound. From ``t_ready`` to the transfer's end the request holds its blocks on
+both sides (``in_flight`` counts them; the decode side's are reserved when the destination is
+chosen). At the transfer's end (``t_end``) the prefill replica frees its blocks (once) and the
+request joins the decode replica's running requests; a decode replica busy in a step takes it
+in its next step. With ``executor="model"`` the blocks are really copied between the engines'
+``kv_caches`` when the destination is chosen (they cannot change afterwards), so greedy tokens
+equal a single engine's.
 ``link_gbps=float("inf")`` makes the link free (latency only).
 
 ``ClusterResult.extra``: ``pools`` (``{"prefill": [replica indices], "decode": [...],
