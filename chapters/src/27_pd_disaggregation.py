@@ -335,6 +335,7 @@ md_table(["split", "predicted (req/s/GPU)", "bound by", "measured capacity"],
 print(f"mu_p = {mu_p:.1f} prefills/s per GPU, B* = {b_star} (t_d = {cm.step_time([], [ctx] * b_star) * 1e3:.1f} ms "
       f"at context {ctx}), mu_d = {mu_d:.1f} requests/s per GPU -> best P/D ~ {mu_d / mu_p:.1f}")
 assert max(predicted, key=predicted.get) == best, "the model and the measurement pick the same split"
+assert all(p * mu_p < (GPUS - p) * mu_d for p in (1, 2)), "1P3D and 2P2D are bound by their prefill pool"
 assert all(abs(cap[k] - v) <= 1.0 for k, v in predicted.items()), "the model is within the sweep's resolution"
 
 # %% [markdown]
@@ -371,7 +372,8 @@ print(f"{colo_best} at the same load: goodput {colo_goodput:.2f} req/s/GPU; the 
 assert link_s[400]["slo_attainment"] >= TARGET and link_s[10]["slo_attainment"] < 0.5
 below = max(g for g in BANDWIDTHS if g < crossover)
 assert below < gbps_needed <= crossover, "the crossover sits where the decode GPU's link saturates"
-assert all(link_goodput[g] < colo_goodput for g in BANDWIDTHS if g < crossover)
+assert all(link_goodput[g] < colo_goodput for g in BANDWIDTHS if g < crossover) and min(BANDWIDTHS[:4]) >= crossover
+assert link_s[BANDWIDTHS[3]]["tpot_p90"] < 1.3 * link_s[BANDWIDTHS[0]]["tpot_p90"], "above saturation the link adds little"
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3.2))
@@ -386,7 +388,8 @@ plt.show()
 
 # %% [markdown]
 # 每秒 {{GPUS * RATE_LINK:.0f}} 个请求、每个平均 {{bytes_mean / 2**20:.0f}} MiB 的 KV，解码 GPU 的链路要 {{gbps_needed:.0f}} Gb/s 才不排队。
-# 带宽高于它时，传输只给第二个 Token 添几毫秒，3P1D 的有效吞吐远高于合置；低于它时传输排起长队，解码端的请求等 KV 等到 TPOT 超标，
+# 带宽高于它时，传输只给第二个 Token 添几十毫秒以内（{{max(BANDWIDTHS[:4])}} 到 {{min(BANDWIDTHS[:4])}} Gb/s 时 TPOT p90 只从
+# {{link_s[BANDWIDTHS[0]]["tpot_p90"] * 1e3:.0f}} 变为 {{link_s[BANDWIDTHS[3]]["tpot_p90"] * 1e3:.0f}} ms），3P1D 的有效吞吐远高于合置；低于它时传输排起长队，解码端的请求等 KV 等到 TPOT 超标，
 # 在 {{crossover}} Gb/s 以下分离就输给了同样 4 张 GPU 的合置部署——交叉点正落在链路饱和的地方。这也是 3P1D 的弱点：
 # 一个解码 GPU 收全部流量；同样的带宽下，1P3D 的每条解码链路只接收三分之一。
 #
