@@ -394,7 +394,7 @@ plt.show()
 # 一个解码 GPU 收全部流量；同样的带宽下，1P3D 的每条解码链路只接收三分之一。
 #
 # **短提示词、长输出。** 干扰来自预填充；预填充少了，分离就只剩代价。把负载换成提示词中位数 256、输出中位数 512，在 2 张 GPU 上比较
-# 合置与 1P1D。输出长，请求要在系统里待十来秒，所以这次用 30 秒的到达：
+# 合置与 1P1D。输出长，请求在系统里待得久，所以这次用 30 秒的到达：
 
 # %% tags=["nbval-check-output"]
 SHORT = dict(prompt=lognormal(median=256, sigma=0.5, max=1024), output=lognormal(median=512, sigma=0.5, max=1024))
