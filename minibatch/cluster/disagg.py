@@ -17,15 +17,23 @@ request waits (first come, first served) holding its prefill blocks, and the tra
 retried after every decode step. A request with ``max_tokens=1`` finishes on the prefill
 replica and transfers nothing.
 
-**The transfer** starts at ``t0``, the end of the prefill step (or the time a decode replica
-had room), and lasts ``kv_bytes / link_bytes_per_s + link_latency_s`` with ``kv_bytes =
+**The transfer** lasts ``kv_bytes / link_bytes_per_s + link_latency_s`` with ``kv_bytes =
 blocks x block bytes`` (``ceil(prompt / block_size)`` blocks; block bytes as migration prices
 them: the model executor's ``block_bytes`` or the cost model's KV bytes per token per GPU x
-``block_size``). During it the request holds its blocks on both sides (``in_flight`` counts
-them). At ``t0 + transfer`` the prefill replica frees its blocks (once) and the request joins
-the decode replica's running requests; a decode replica busy in a step takes it in its next
-step. With ``executor="model"`` the blocks are really copied between the engines' ``kv_caches``
-at ``t0`` (they cannot change afterwards), so greedy tokens equal a single engine's.
+``block_size``). **The link is shared:** every replica has one link of ``link_gbps`` (its NIC),
+so a prefill replica sends one transfer at a time and a decode replica receives one at a
+time, first come first served. A transfer starts at ``t0 = max(t_ready, both ends' links
+free)`` (``t_ready``: the end of the prefill step, or the time a decode replica had room) and
+holds both links for ``kv_bytes / link_bytes_per_s``; the latency delays its end but holds no
+link. So each link's utilisation, ``rate through it x kv_bytes / link_bytes_per_s`` (a prefill
+replica's outgoing, a decode replica's incoming requests), must stay below 1, or transfers
+queue without bound. From ``t_ready`` to the transfer's end the request holds its blocks on
+both sides (``in_flight`` counts them; the decode side's are reserved when the destination is
+chosen). At the transfer's end (``t_end``) the prefill replica frees its blocks (once) and the
+request joins the decode replica's running requests; a decode replica busy in a step takes it
+in its next step. With ``executor="model"`` the blocks are really copied between the engines'
+``kv_caches`` when the destination is chosen (they cannot change afterwards), so greedy tokens
+equal a single engine's.
 ``link_gbps=float("inf")`` makes the link free (latency only).
 
 ``ClusterResult.extra``: ``pools`` (``{"prefill": [replica indices], "decode": [...],
@@ -109,6 +117,7 @@ class Disaggregator:
         self.kv_transfer_bytes = 0
         self.moved_to: dict = {}
         self.max_in_flight_blocks = 0    # most blocks held twice (both sides) at once
+        self.link_free_at: dict[int, float] = {}   # replica index -> when its link is free again
 
     # -- time ----------------------------------------------------------------------
     def next_event(self) -> float:
@@ -164,10 +173,13 @@ class Disaggregator:
             if dst is None:
                 return
             self.ready.pop(0)
-            t0 = max(now, t_ready)
             kv_s, kv_d = src.engine.kv, dst.engine.kv
             n = kv_s.blocks_for(req.num_computed_tokens)
             nbytes = n * block_bytes(src.engine)
+            # Both ends' links carry one transfer at a time: wait until both are free.
+            free = self.link_free_at
+            t0 = max(now, t_ready, free.get(src.index, t_ready), free.get(dst.index, t_ready))
+            free[src.index] = free[dst.index] = t0 + nbytes / self.cfg.link_bytes_per_s
             tr = Transfer(req, src, dst, t_ready, t0, t0 + self.cfg.seconds(nbytes), n, nbytes)
             tr.dst_blocks = kv_d.pool.allocate(n)
             kv_d.req_blocks[req.request_id] = tr.dst_blocks

@@ -86,6 +86,31 @@ def test_transfer_timing_by_hand_in_the_simulator():
     assert res.extra["pools"]["prefill_results"][0] is pre
 
 
+def test_each_replicas_link_carries_one_transfer_at_a_time():
+    # Two 64-token prompts (4 blocks each) arrive together; a 1 Gb/s link with 5 ms latency.
+    wl = Workload([RequestSpec(0.0, 64, 5, request_id=f"q{i}") for i in range(2)])
+    busy = 4 * BB / (1e9 / 8)                                         # seconds one transfer holds a link
+
+    def transfers(p, d, **kw):
+        dis = Disaggregation(prefill=p, decode=d, link_gbps=1, link_latency_s=0.005, **kw)
+        res = cluster.run(wl, router="round_robin", disaggregation=dis, num_kv_blocks=100, block_size=16, **SIM)
+        assert all(r.output_len == 5 for r in res.requests)
+        return sorted(res.extra["transfer_log"], key=lambda x: x["t0"])
+
+    # one prefill replica sends both: the second waits until the first has left its link
+    a, b = transfers(1, 1)
+    assert a["t_ready"] == b["t_ready"] == a["t0"]
+    assert b["t0"] == pytest.approx(a["t0"] + busy)                  # the latency holds no link
+    assert b["t_end"] == pytest.approx(b["t0"] + busy + 0.005)
+    # two prefill replicas to two decode replicas: separate links, in parallel
+    a, b = transfers(2, 2, decode_router="round_robin")
+    assert {a["src"], b["src"]} == {0, 1} and {a["dst"], b["dst"]} == {2, 3}
+    assert a["t0"] == b["t0"] == a["t_ready"] and a["t_end"] == pytest.approx(a["t0"] + busy + 0.005)
+    # two prefill replicas to one decode replica: its link takes one at a time
+    a, b = transfers(2, 1)
+    assert a["dst"] == b["dst"] == 2 and b["t0"] == pytest.approx(a["t0"] + busy)
+
+
 def test_kv_conserved_on_both_pools_and_in_flight_and_no_decode_on_prefill(monkeypatch):
     seen = {"started": 0, "ended": 0}
     start, fire = Disaggregator.try_start, Disaggregator.fire
