@@ -20,7 +20,8 @@ policy's order is respected, but running requests later in the order still run.
 A policy's switches (``minibatch.policies.base.Policy``) adapt the step to TensorRT-LLM's
 micro-batch scheduler: decodes' tokens set aside before prompt chunks are cut
 (``decode_budget_first``), chunks cut short rounded down to whole blocks
-(``chunk_to_block``), and no admission after a refusal (``stop_at_refusal``). When nothing
+(``chunk_to_block``), and no admission after a refusal nor anything after a preempted request's
+place in the order (``stop_at_refusal``). When nothing
 of a policy's order can run, the scheduler asks it once for another order for the same
 step (``Policy.fallback_order``; TGI's policy decodes when its planned prefill is refused).
 """
@@ -179,8 +180,13 @@ class Scheduler:
             decodes_ahead = {r.request_id for r in order[:c.max_num_seqs]
                              if r.status is RequestStatus.RUNNING and is_decode(r.num_tokens - r.num_computed_tokens)}
 
+        # stop_at_refusal: the walk also ends at the place of a preempted request (TensorRT-LLM's
+        # MaxUtilizationScheduler moves its end, reqItEnd, to each request it pauses).
+        end = len(order)
+        place = {r.request_id: i for i, r in enumerate(order)} if policy.stop_at_refusal else {}
+
         for pos, req in enumerate(order):
-            if budget <= 0 or len(batch.items) >= c.max_num_seqs:
+            if pos >= end or budget <= 0 or len(batch.items) >= c.max_num_seqs:
                 break
             decodes_ahead.discard(req.request_id)
             if req.request_id in preempted:
@@ -218,6 +224,7 @@ class Scheduler:
                 preempted.add(victim.request_id)
                 decodes_ahead.discard(victim.request_id)
                 batch.preempted.append(victim)
+                end = min(end, place.get(victim.request_id, end))
                 ok = self._allocate(req, num_new, computed_blocks)
             if not ok:
                 if waiting:
@@ -227,6 +234,7 @@ class Scheduler:
                 self._preempt(req, now)
                 preempted.add(req.request_id)
                 batch.preempted.append(req)
+                end = min(end, place.get(req.request_id, end))
                 continue
             if waiting:
                 self._admit(req, now)

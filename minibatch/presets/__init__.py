@@ -93,6 +93,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         Knob("max_num_batched_tokens", 8192, f"{_TRT_ARGS}.max_num_tokens = 8192"),
         Knob("enable_chunked_prefill", False, f"{_TRT_ARGS}.enable_chunked_prefill = False"),
         Knob("enable_prefix_caching", True, f"{_TRT_ARGS}.kv_cache_config: KvCacheConfig.enable_block_reuse"),
+        Knob("block_size", 32, f"{_TRT_ARGS}.kv_cache_config: KvCacheConfig.tokens_per_block = 32 (also the "
+                               "context chunk unit, _torch/pyexecutor/py_executor_creator.py)"),
         Knob("preemption_mode", "recompute", "capacityScheduler.cpp MaxUtilizationScheduler pauses a request: "
                                              "its KV is freed and its context rerun"),
         Knob("max_wait_ms", 0.0, "TensorRT-LLM's executor has no batching window"),
