@@ -82,6 +82,20 @@ def test_enough_waiting_requests_are_prefilled_at_once():
     assert step(p, st(running=batch, waiting=three)) == ["w1", "w2", "w3"]
 
 
+def test_joins_are_counted_by_reason_as_tgi_batch_concat():
+    """backend.rs counts a prefill that joins a running batch as tgi_batch_concat{reason}: "backpressure"
+    when min_size was set (enough requests waited), "wait_exceeded" when max_waiting_tokens ran out."""
+    p = TGIPolicy()
+    config = cfg(max_waiting_tokens=3)
+    batch = started(p, 10, config)                   # the first prefill of an empty server is no join
+    three = [rq("w1"), rq("w2"), rq("w3")]
+    assert step(p, st(running=batch, waiting=three, config=config)) == ["w1", "w2", "w3"]     # 3 >= floor(10 x 0.3)
+    assert step(p, st(running=batch, waiting=[rq("x")], config=config)) == ids(batch)         # decode after a join
+    assert step(p, st(running=batch, waiting=[rq("x")], config=config)) == ids(batch)         # counter 2 < 3
+    assert step(p, st(running=batch, waiting=[rq("x")], config=config)) == ["x"]              # counter 3: join
+    assert p.concat_reasons == {"backpressure": 1, "wait_exceeded": 1} and p.num_prefills == 3
+
+
 def test_a_small_batch_takes_any_waiting_request():
     p = TGIPolicy()
     batch = started(p, 3)

@@ -44,6 +44,7 @@ before that): a request arriving beyond it is rejected (``LLMEngine.add_request`
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from minibatch.policies.base import Policy, SchedulerState, register
 from minibatch.request import Request
@@ -63,6 +64,11 @@ class TGIPolicy(Policy):
         self.planned_first = False       # ... and whether that prefill started a new batch
         self.planned: set[str] | None = None   # chunked: the newcomers a planned join listed
         self.num_prefills = 0
+        self.reason: str | None = None   # why the planned prefill joins a running batch
+        # TGI's ``tgi_batch_concat`` counter: prefills that joined a running batch, by ``reason``:
+        # "backpressure" (enough requests waited: waiting_served_ratio), "wait_exceeded"
+        # (max_waiting_tokens reached), "chunking" (prefill chunking, where neither knob applies).
+        self.concat_reasons: Counter = Counter()
 
     @staticmethod
     def knob(state: SchedulerState, name: str):
@@ -120,6 +126,7 @@ class TGIPolicy(Policy):
             budget = max(0, prefill_budget - len(running))      # minus the batch's current tokens
             new = self.select(state, max_size, budget, True) if budget else []
             self.plan, self.planned_first = ("prefill", not running) if new else ("decode", False)
+            self.reason = "chunking"
             self.planned = {r.request_id for r in new}
             return running + new
         if not running:
@@ -132,6 +139,7 @@ class TGIPolicy(Policy):
                 new = self.select(state, max_size, prefill_budget, False)
                 if new and (min_size is None or len(new) >= min_size):
                     self.plan, self.planned_first = "prefill", False
+                    self.reason = "wait_exceeded" if min_size is None else "backpressure"
                     return new
         self.plan = "decode"
         return list(running)
@@ -154,6 +162,8 @@ class TGIPolicy(Policy):
             self.waiting_tokens = 1
             self.decode_next = not self.planned_first
             self.num_prefills += 1
+            if not self.planned_first:
+                self.concat_reasons[self.reason] += 1
         elif self.plan == "decode":
             self.waiting_tokens += 1
             self.decode_next = False
