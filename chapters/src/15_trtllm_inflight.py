@@ -21,7 +21,7 @@
 #   包括 `MAX_UTILIZATION` 的**暂停**（Pause）：暂停最后开始的请求，本次迭代在它的位置结束；
 # - 写出微批调度器的 Token 预算：生成请求先占，上下文按先来先服务（FCFS）分块，切短的块向下取整到 `tokens_per_block` 的整数倍；
 # - 在模拟的 Llama-2-7B / A10 上、稳态、3 个种子下比较三种容量策略的抢占、吞吐、TTFT/TPOT 尾部、KV 占用与预留，以及 SLO 下的服务容量；
-# - 量出 `max_num_tokens` 与上下文分块对 TTFT、解码停顿（ITL 尾部）的影响；
+# - 量出 `max_num_tokens` 与上下文分块对 TTFT、生成停顿（ITL 尾部）的影响；
 # - 在真实的 tiny 模型上验证：`trtllm` 预设下（含暂停与重算），贪心输出逐 Token 不变。
 
 # %%
@@ -470,7 +470,7 @@ assert abs(gne_tok - mu_tok) / mu_tok < 0.05, "below saturation both serve the o
 # 容量调度器决定“谁能占 KV”，微批调度器决定“这一步算多少”。长提示在不分块时要一步算完：它所在的那一步，
 # 正在解码的请求都得等这次长预填充——第 11 章的**生成停顿**。下面换一个 RAG 式负载（提示词中位数 {{RAG_P["prompt"]}}、最长 {{RAG_P["prompt_max"]}}；
 # 输出中位数 {{RAG_P["output"]}}），到达率 {{RAG_P["rate"]}} req/s，在同一台 A10 上、`GUARANTEED_NO_EVICT` 下比较：不分块
-# （默认的 `max_num_tokens` = {{TRT["max_num_batched_tokens"]}}）与分块（`max_num_tokens` 取 {{[T for m, T in MICRO if m == "chunked"]}}）。解码停顿看**每个 Token 间隔**（ITL）的 p99：
+# （默认的 `max_num_tokens` = {{TRT["max_num_batched_tokens"]}}）与分块（`max_num_tokens` 取 {{[T for m, T in MICRO if m == "chunked"]}}）。生成停顿看**每个 Token 间隔**（ITL）的 p99：
 
 # %%
 RAG = dict(input_len=lognormal(median=RAG_P["prompt"], sigma=0.4, max=RAG_P["prompt_max"]),
@@ -618,7 +618,7 @@ bench_real_server("TRTLLM_BASE_URL", "TensorRT-LLM", "TRTLLM_BENCH_ARGS")
 # - `GUARANTEED_NO_EVICT` 为每个请求预留跑到结束的全部块，从不暂停，TPOT 稳定，但预留远多于实际占用，负载升高时 TTFT 先越过 SLO；
 #   `MAX_UTILIZATION` 只看这一步的块，KV 用得更满、服务容量更高，代价是暂停与重算；它暂停最后开始的请求，并在那里结束本次迭代的遍历。
 #   `STATIC_BATCH` 是请求级批处理，只作对照。
-# - 微批调度器让生成请求先占预算，上下文按 FCFS 分块，切短的块取整到 `tokens_per_block`；不分块时长提示造成解码停顿，
+# - 微批调度器让生成请求先占预算，上下文按 FCFS 分块，切短的块取整到 `tokens_per_block`；不分块时长提示造成生成停顿，
 #   分块加小的 `max_num_tokens` 换来平稳的 ITL，代价是 TTFT。
 # - minibatch 用 `trtllm` 策略（到达顺序 + 三个调度器开关）和三种准入模式复现这些规则；编写本章时按源码修正了暂停后的遍历终点。
 # - 调度只改变先后，不改变结果：贪心输出在所有变体下逐 Token 相同。

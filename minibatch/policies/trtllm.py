@@ -14,9 +14,10 @@ arrival order (a paused request keeps its place):
    when one does not fit, pauses (evicts) the last started request in the order and
    retries, and the iteration's walk then ends at the paused request's place (``reqItEnd``:
    nothing that arrived after it is scheduled in that iteration); ``STATIC_BATCH`` is
-   ``GUARANTEED_NO_EVICT`` with no admission while any request is in progress. Here they are the admission modes ``guaranteed_no_evict``,
-   ``max_utilization`` and ``static_batch`` (``minibatch.admission``; TensorRT-LLM's names are
-   accepted as ``capacity_scheduler_policy=``), all with this policy's arrival order.
+   ``GUARANTEED_NO_EVICT`` with no admission while any request is in progress. Here they are
+   the admission modes ``guaranteed_no_evict``, ``max_utilization`` and ``static_batch``
+   (``minibatch.admission``; TensorRT-LLM's names are accepted as
+   ``capacity_scheduler_policy=``), all with this policy's arrival order.
 2. **Micro-batch scheduler**: at most ``max_batch_size`` requests (``max_num_seqs``) and
    ``max_num_tokens`` tokens (``max_num_batched_tokens``). Generation requests take their
    one token each first; with context chunking on (``enable_chunked_prefill``), the
