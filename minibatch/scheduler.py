@@ -256,9 +256,11 @@ class Scheduler:
         return out
 
     def _chunk(self, room: int) -> int:
-        """The new tokens of a prompt chunk cut short by ``room`` (whole blocks under ``chunk_to_block``)."""
-        if self.policy.chunk_to_block:
-            return room // self.kv.block_size * self.kv.block_size
+        """The new tokens of a prompt chunk cut short by ``room`` (whole blocks under ``chunk_to_block``;
+        not when the whole token budget is under one block, where a rounded chunk could never start)."""
+        size = self.kv.block_size
+        if self.policy.chunk_to_block and self.config.max_num_batched_tokens >= size:
+            return room // size * size
         return room
 
     def _allocate(self, req: Request, num_new: int, computed_blocks: list[int]) -> bool:

@@ -227,3 +227,13 @@ def test_a_request_that_pauses_itself_ends_the_walk():
     batch = s.schedule(3.0)
     assert items(batch) == [("a", 1)] and batch.preempted == [b]
     assert [r.request_id for r in s.waiting] == ["b", "w"]
+
+
+def test_a_budget_under_one_block_still_makes_progress():
+    # Budget 3 < 4 tokens per block: a rounded chunk would always be 0 and the prompt would never start
+    # (the engine would stop with "no progress"). Chunks are then left unrounded: 3 tokens, then the last 2.
+    s = sched(64, max_num_batched_tokens=3, enable_chunked_prefill=True)
+    waiting(s, "p", 5)
+    assert items(s.schedule(1.0)) == [("p", 3)]
+    s.running[0].num_computed_tokens = 3
+    assert items(s.schedule(2.0)) == [("p", 2)]
