@@ -20,7 +20,8 @@ policy's order is respected, but running requests later in the order still run.
 A policy's switches (``minibatch.policies.base.Policy``) adapt the step to TensorRT-LLM's
 micro-batch scheduler: decodes' tokens set aside before prompt chunks are cut
 (``decode_budget_first``), chunks cut short rounded down to whole blocks
-(``chunk_to_block``), and no admission after a refusal (``stop_at_refusal``). When nothing
+(``chunk_to_block``), and no admission after a refusal nor anything after a preempted request's
+place in the order (``stop_at_refusal``). When nothing
 of a policy's order can run, the scheduler asks it once for another order for the same
 step (``Policy.fallback_order``; TGI's policy decodes when its planned prefill is refused).
 """
@@ -179,8 +180,13 @@ class Scheduler:
             decodes_ahead = {r.request_id for r in order[:c.max_num_seqs]
                              if r.status is RequestStatus.RUNNING and is_decode(r.num_tokens - r.num_computed_tokens)}
 
+        # stop_at_refusal: the walk also ends at the place of a preempted request (TensorRT-LLM's
+        # MaxUtilizationScheduler moves its end, reqItEnd, to each request it pauses).
+        end = len(order)
+        place = {r.request_id: i for i, r in enumerate(order)} if policy.stop_at_refusal else {}
+
         for pos, req in enumerate(order):
-            if budget <= 0 or len(batch.items) >= c.max_num_seqs:
+            if pos >= end or budget <= 0 or len(batch.items) >= c.max_num_seqs:
                 break
             decodes_ahead.discard(req.request_id)
             if req.request_id in preempted:
@@ -218,6 +224,7 @@ class Scheduler:
                 preempted.add(victim.request_id)
                 decodes_ahead.discard(victim.request_id)
                 batch.preempted.append(victim)
+                end = min(end, place.get(victim.request_id, end))
                 ok = self._allocate(req, num_new, computed_blocks)
             if not ok:
                 if waiting:
@@ -227,6 +234,7 @@ class Scheduler:
                 self._preempt(req, now)
                 preempted.add(req.request_id)
                 batch.preempted.append(req)
+                end = min(end, place.get(req.request_id, end))
                 continue
             if waiting:
                 self._admit(req, now)
@@ -248,9 +256,11 @@ class Scheduler:
         return out
 
     def _chunk(self, room: int) -> int:
-        """The new tokens of a prompt chunk cut short by ``room`` (whole blocks under ``chunk_to_block``)."""
-        if self.policy.chunk_to_block:
-            return room // self.kv.block_size * self.kv.block_size
+        """The new tokens of a prompt chunk cut short by ``room`` (whole blocks under ``chunk_to_block``;
+        not when the whole token budget is under one block, where a rounded chunk could never start)."""
+        size = self.kv.block_size
+        if self.policy.chunk_to_block and self.config.max_num_batched_tokens >= size:
+            return room // size * size
         return room
 
     def _allocate(self, req: Request, num_new: int, computed_blocks: list[int]) -> bool:

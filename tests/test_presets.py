@@ -35,6 +35,7 @@ def test_the_presets_follow_their_frameworks():
     assert s("sglang")["admission"] == "conservative"
     assert (s("trtllm")["policy"], s("trtllm")["admission"], s("trtllm")["enable_chunked_prefill"]) == \
         ("trtllm", "guaranteed_no_evict", False)
+    assert s("trtllm")["block_size"] == 32          # KvCacheConfig.tokens_per_block, the chunk unit too
     assert (s("tgi")["max_waiting_tokens"], s("tgi")["waiting_served_ratio"],
             s("tgi")["max_inflight_requests"], s("tgi")["max_num_batched_tokens"]) == (20, 0.3, 128, 4096)
 

@@ -82,6 +82,20 @@ def test_enough_waiting_requests_are_prefilled_at_once():
     assert step(p, st(running=batch, waiting=three)) == ["w1", "w2", "w3"]
 
 
+def test_joins_are_counted_by_reason_as_tgi_batch_concat():
+    """backend.rs counts a prefill that joins a running batch as tgi_batch_concat{reason}: "backpressure"
+    when min_size was set (enough requests waited), "wait_exceeded" when max_waiting_tokens ran out."""
+    p = TGIPolicy()
+    config = cfg(max_waiting_tokens=3)
+    batch = started(p, 10, config)                   # the first prefill of an empty server is no join
+    three = [rq("w1"), rq("w2"), rq("w3")]
+    assert step(p, st(running=batch, waiting=three, config=config)) == ["w1", "w2", "w3"]     # 3 >= floor(10 x 0.3)
+    assert step(p, st(running=batch, waiting=[rq("x")], config=config)) == ids(batch)         # decode after a join
+    assert step(p, st(running=batch, waiting=[rq("x")], config=config)) == ids(batch)         # counter 2 < 3
+    assert step(p, st(running=batch, waiting=[rq("x")], config=config)) == ["x"]              # counter 3: join
+    assert p.concat_reasons == {"backpressure": 1, "wait_exceeded": 1} and p.num_prefills == 3
+
+
 def test_a_small_batch_takes_any_waiting_request():
     p = TGIPolicy()
     batch = started(p, 3)
@@ -120,7 +134,7 @@ def test_the_queue_stops_at_the_first_request_whose_kv_does_not_fit():
     assert step(p, st(waiting=w, kv=kv)) == ["a"]
 
 
-def test_with_prefill_chunking_new_requests_join_every_step():
+def test_with_prefill_chunking_new_requests_join_the_running_batch():
     p = TGIPolicy()
     config = EngineConfig(policy="tgi", enable_chunked_prefill=True, max_batch_prefill_tokens=20)
     batch = [rq(f"b{i}", out=1) for i in range(10)]
@@ -128,6 +142,37 @@ def test_with_prefill_chunking_new_requests_join_every_step():
     # No waiting rule: running first, then the queue within 20 - 10 (current tokens) = 10 prompt
     # tokens: a (6), then b (30) is cut to the 4 left by the scheduler; c waits.
     assert ids(p.schedule_order(st(running=batch, waiting=w, config=config))) == ids(batch) + ["a", "b"]
+
+
+def test_with_prefill_chunking_a_join_is_followed_by_a_decode():
+    """backend.rs: every turn of the loop is next_batch (a join: one forward of the running batch and
+    the new requests' prefill) and then one decode of the whole batch; only the first prefill of an
+    empty server may be followed by a join at once."""
+    p = TGIPolicy()
+    config = EngineConfig(policy="tgi", enable_chunked_prefill=True, max_batch_prefill_tokens=64)
+    first = [rq("a"), rq("b")]
+    assert step(p, st(waiting=first, config=config)) == ["a", "b"]          # empty server: prefill
+    batch = [rq("a", out=1), rq("b", out=1)]
+    # Right after the first prefill the loop asks next_batch at once: c joins the running batch.
+    assert step(p, st(running=batch, waiting=[rq("c")], config=config)) == ["a", "b", "c"]
+    assert p.num_prefills == 2
+    # The join is followed by a decode of the whole batch, however many wait ...
+    batch.append(rq("c", out=1))
+    assert step(p, st(running=batch, waiting=[rq("d"), rq("e")], config=config)) == ["a", "b", "c"]
+    # ... and then the next turn of the loop may join again.
+    assert step(p, st(running=batch, waiting=[rq("d"), rq("e")], config=config)) == ["a", "b", "c", "d", "e"]
+
+
+def test_with_prefill_chunking_a_join_that_did_not_run_is_no_join():
+    """If none of the listed newcomers ran (KV or admission refused them: next_batch returned
+    nothing), the step was a decode and the next one may join."""
+    p = TGIPolicy()
+    config = EngineConfig(policy="tgi", enable_chunked_prefill=True, max_batch_prefill_tokens=64)
+    batch = [rq("a", out=1), rq("b", out=1)]
+    order = p.schedule_order(st(running=batch, waiting=[rq("c")], config=config))
+    assert ids(order) == ["a", "b", "c"]
+    p.on_step([(r, 1) for r in batch], 0.0)                # c did not run
+    assert ids(p.schedule_order(st(running=batch, waiting=[rq("c")], config=config))) == ["a", "b", "c"]
 
 
 def test_unchunked_steps_never_mix_prefill_and_decode():

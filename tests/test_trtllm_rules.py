@@ -196,3 +196,44 @@ def test_without_chunking_a_context_runs_whole_or_waits():
     running(s, "d1", 4, arrival=0.0)
     waiting(s, "p", 12, arrival=1.0)          # 12 > 10 - 1: it waits (no chunk)
     assert items(s.schedule(2.0)) == [("d1", 1)]
+
+
+def test_max_utilization_schedules_nothing_after_a_paused_request():
+    s = sched(5, admission="max_utilization")
+    # 5 blocks, all held. a: 4 tokens computed in 1 block, its next token needs a 2nd block. b and c:
+    # 7 prompt tokens + 1 output, 7 computed, 2 blocks each, next token fits.
+    a = running(s, "a", 4, arrival=0.0)
+    b = running(s, "b", 7, arrival=1.0)
+    c = running(s, "c", 7, arrival=2.0)
+    waiting(s, "w", 2, arrival=3.0)           # a 2-token prompt: 1 block
+    batch = s.schedule(4.0)
+    # a needs a block: c, the last started request, is paused (2 blocks freed), a takes one, b runs.
+    # One block is left, enough for w; but MaxUtilizationScheduler moves the end of its walk to the
+    # paused request (reqItEnd = c), so w, after c in arrival order, is not scheduled this iteration.
+    assert items(batch) == [("a", 1), ("b", 1)]
+    assert [r.request_id for r in batch.preempted] == ["c"]
+    assert a.status is b.status is RequestStatus.RUNNING
+    assert [r.request_id for r in s.waiting] == ["c", "w"] and s.kv.num_free_blocks == 1
+
+
+def test_a_request_that_pauses_itself_ends_the_walk():
+    s = sched(3, admission="max_utilization")
+    # a holds 2 blocks and its next token fits; b (started last) holds 1 block and needs a 2nd: none is
+    # free and nothing started after it, so it pauses itself; the walk ends there: w is not admitted
+    # into the freed block in the same iteration.
+    running(s, "a", 7, arrival=0.0)
+    b = running(s, "b", 4, arrival=1.0)
+    waiting(s, "w", 2, arrival=2.0)
+    batch = s.schedule(3.0)
+    assert items(batch) == [("a", 1)] and batch.preempted == [b]
+    assert [r.request_id for r in s.waiting] == ["b", "w"]
+
+
+def test_a_budget_under_one_block_still_makes_progress():
+    # Budget 3 < 4 tokens per block: a rounded chunk would always be 0 and the prompt would never start
+    # (the engine would stop with "no progress"). Chunks are then left unrounded: 3 tokens, then the last 2.
+    s = sched(64, max_num_batched_tokens=3, enable_chunked_prefill=True)
+    waiting(s, "p", 5)
+    assert items(s.schedule(1.0)) == [("p", 3)]
+    s.running[0].num_computed_tokens = 3
+    assert items(s.schedule(2.0)) == [("p", 2)]

@@ -53,7 +53,8 @@ class Policy:
     every decode among the first ``max_num_seqs`` of the order before any prompt chunk is
     cut; ``chunk_to_block`` rounds a prompt chunk cut short by the budget down to whole KV
     blocks; ``stop_at_refusal`` admits no later waiting request once one was refused, even
-    when the refused one could have evicted.
+    when the refused one could have evicted, and schedules nothing that comes after a
+    preempted request in the order (that step's walk ends at its place).
     """
 
     name: str = ""

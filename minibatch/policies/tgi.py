@@ -26,9 +26,12 @@ requests are queued or fit. So new requests wait until either enough of them are
 With prefill chunking (TGI's default where the attention backend supports it,
 ``PREFILL_CHUNKING`` in ``server/text_generation_server/models/globals.py``; here
 ``enable_chunked_prefill=True``) ``backend.rs`` ignores ``max_waiting_tokens`` and
-``waiting_served_ratio`` (it says so in a warning): every iteration the queue's front is
-concatenated to the running batch within ``max_batch_prefill_tokens`` minus the batch's
-current tokens, the last request chunked to fit. This policy does the same.
+``waiting_served_ratio`` (it says so in a warning): every turn of the loop the queue's front
+is concatenated to the running batch within ``max_batch_prefill_tokens`` minus the batch's
+current tokens, the last request chunked to fit (one forward: the running batch's next tokens
+and the newcomers' prefill), and then the whole batch decodes once. So a join is always
+followed by a decode step (except the first prefill of an empty server, after which the loop
+asks the queue at once). This policy does the same.
 
 Knobs (``EngineConfig`` fields): ``max_waiting_tokens``, ``waiting_served_ratio``,
 ``max_batch_prefill_tokens`` (default and upper bound: ``max_num_batched_tokens``),
@@ -41,6 +44,7 @@ before that): a request arriving beyond it is rejected (``LLMEngine.add_request`
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from minibatch.policies.base import Policy, SchedulerState, register
 from minibatch.request import Request
@@ -58,7 +62,13 @@ class TGIPolicy(Policy):
         self.decode_next = False         # a prefill that joined a running batch is followed by a decode
         self.plan: str | None = None     # what the last order asked for: "prefill" | "decode"
         self.planned_first = False       # ... and whether that prefill started a new batch
+        self.planned: set[str] | None = None   # chunked: the newcomers a planned join listed
         self.num_prefills = 0
+        self.reason: str | None = None   # why the planned prefill joins a running batch
+        # TGI's ``tgi_batch_concat`` counter: prefills that joined a running batch, by ``reason``:
+        # "backpressure" (enough requests waited: waiting_served_ratio), "wait_exceeded"
+        # (max_waiting_tokens reached), "chunking" (prefill chunking, where neither knob applies).
+        self.concat_reasons: Counter = Counter()
 
     @staticmethod
     def knob(state: SchedulerState, name: str):
@@ -110,8 +120,15 @@ class TGIPolicy(Policy):
         prefill_budget = self.knob(state, "max_batch_prefill_tokens") or state.max_num_batched_tokens
         max_size = max(0, state.max_num_seqs - len(running))
         if self.knob(state, "enable_chunked_prefill"):
+            if running and self.decode_next:                    # a join is followed by a decode
+                self.plan = "decode"
+                return list(running)
             budget = max(0, prefill_budget - len(running))      # minus the batch's current tokens
-            return running + (self.select(state, max_size, budget, True) if budget else [])
+            new = self.select(state, max_size, budget, True) if budget else []
+            self.plan, self.planned_first = ("prefill", not running) if new else ("decode", False)
+            self.reason = "chunking"
+            self.planned = {r.request_id for r in new}
+            return running + new
         if not running:
             self.plan, self.planned_first = "prefill", True
             return self.select(state, max_size, prefill_budget, False)
@@ -122,6 +139,7 @@ class TGIPolicy(Policy):
                 new = self.select(state, max_size, prefill_budget, False)
                 if new and (min_size is None or len(new) >= min_size):
                     self.plan, self.planned_first = "prefill", False
+                    self.reason = "wait_exceeded" if min_size is None else "backpressure"
                     return new
         self.plan = "decode"
         return list(running)
@@ -135,10 +153,17 @@ class TGIPolicy(Policy):
         return None
 
     def on_step(self, scheduled, now):
+        if self.plan == "prefill" and self.planned is not None:
+            # Chunked: a join happened only if one of the newcomers ran (next_batch gave something).
+            if not any(r.request_id in self.planned for r, _ in scheduled):
+                self.plan = "decode"
+            self.planned = None
         if self.plan == "prefill" and scheduled:
             self.waiting_tokens = 1
             self.decode_next = not self.planned_first
             self.num_prefills += 1
+            if not self.planned_first:
+                self.concat_reasons[self.reason] += 1
         elif self.plan == "decode":
             self.waiting_tokens += 1
             self.decode_next = False

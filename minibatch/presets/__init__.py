@@ -93,6 +93,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         Knob("max_num_batched_tokens", 8192, f"{_TRT_ARGS}.max_num_tokens = 8192"),
         Knob("enable_chunked_prefill", False, f"{_TRT_ARGS}.enable_chunked_prefill = False"),
         Knob("enable_prefix_caching", True, f"{_TRT_ARGS}.kv_cache_config: KvCacheConfig.enable_block_reuse"),
+        Knob("block_size", 32, f"{_TRT_ARGS}.kv_cache_config: KvCacheConfig.tokens_per_block = 32 (also the "
+                               "context chunk unit, _torch/pyexecutor/py_executor_creator.py)"),
         Knob("preemption_mode", "recompute", "capacityScheduler.cpp MaxUtilizationScheduler pauses a request: "
                                              "its KV is freed and its context rerun"),
         Knob("max_wait_ms", 0.0, "TensorRT-LLM's executor has no batching window"),
@@ -101,8 +103,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         Knob("policy", "tgi", "backends/v3/src/backend.rs batching_task; backends/v3/src/queue.rs next_batch"),
         Knob("admission", "guaranteed_no_evict", "backends/v3/src/queue.rs: each request reserves blocks for "
                                                  "input + max_new_tokens; TGI never preempts"),
-        Knob("max_num_batched_tokens", 4096, f"{_TGI_MAIN}.max_batch_prefill_tokens (None -> 4096, at most "
-                                             "max_position_embeddings)"),
+        Knob("max_num_batched_tokens", 4096, f"{_TGI_MAIN}.max_batch_prefill_tokens (None -> main(): the GPU's "
+                                             "f16 FLOP/s / the model's FLOP per token (4096 if either is unknown), "
+                                             "at most max_position_embeddings and the VRAM limit: 4096 for Llama-2)"),
         Knob("enable_chunked_prefill", True, "server/text_generation_server/models/globals.py PREFILL_CHUNKING "
                                              "= 1 (flashinfer/flashdecoding attention)"),
         Knob("enable_prefix_caching", True, "launcher/src/main.rs resolve_attention: PREFIX_CACHING = true"),
