@@ -134,3 +134,12 @@ def test_a_list_of_grids_is_the_union_of_their_products_in_order(workload):
     for bad in ([], [{"max_num_seqs": [4]}, "max_wait_ms"]):
         with pytest.raises(ValueError, match="list of dicts"):
             tune.grid_configs(bad)
+
+
+def test_summaries_are_the_runs_summaries_in_order_in_processes_too(workload):
+    jobs = [(workload, {**SIM, "max_num_seqs": 4}), (workload.with_rate(2.0), {**SIM, "preset": "tgi"}),
+            (workload, {**SIM, "max_num_batched_tokens": 512})]
+    direct = [run(wl, **kw).summary(SLO, trim=0.1) for wl, kw in jobs]
+    assert tune.summaries(jobs, slo=SLO, processes=1) == direct
+    assert tune.summaries(jobs, slo=SLO, processes=2) == direct
+    assert tune.summaries(jobs[:1], processes=1)[0] == run(workload, **jobs[0][1]).summary(trim=0.1)

@@ -32,7 +32,8 @@ of the steady state (``trim=0.1``). Two objectives:
   configurations whose capacity was measured (pruned ones are not on it). Ties go to the
   configuration first in grid order.
 
-Runs go to ``processes`` local processes (``concurrent.futures.ProcessPoolExecutor``;
+:func:`summaries` runs any list of ``(workload, engine_kwargs)`` the same way and returns each
+run's whole summary. Runs go to ``processes`` local processes (``concurrent.futures.ProcessPoolExecutor``;
 ``processes=1`` runs in this process), or, with ``ray_address`` (``"auto"``, ``"local"``
 for a new local Ray instance, or ``ray://host:port``), to Ray tasks: the same jobs,
 ``ray.remote`` instead of a process pool. Ray is optional and imported only then. Under
@@ -141,6 +142,21 @@ def evaluate(job: tuple) -> dict:
     wl = workload if rate is None else workload.with_rate(rate)
     s = run(wl, **engine_kwargs).summary(slo, trim=trim)
     return {"goodput": s["goodput"], "attainment": s["slo_attainment"], "latency": s[latency_metric]}
+
+
+def _summary(job: tuple) -> dict:
+    from minibatch.runner import run
+
+    workload, engine_kwargs, slo, trim = job
+    return run(workload, **engine_kwargs).summary(slo, trim=trim)
+
+
+def summaries(jobs, slo: dict | None = None, trim: float = 0.1, processes: int = 2,
+              ray_address: str | None = None) -> list[dict]:
+    """``run(workload, **engine_kwargs).summary(slo, trim)`` for each ``(workload, engine_kwargs)``
+    of ``jobs``, in order, on the sweep's local processes or Ray tasks: the full summary (TTFT,
+    TPOT, throughput, preemptions, ...) of runs a grid does not describe, e.g. seeds or presets."""
+    return parallel_map(_summary, [(wl, dict(kw), slo, trim) for wl, kw in jobs], processes, ray_address)
 
 
 def search_capacity(job: tuple) -> dict:
