@@ -40,6 +40,22 @@ def test_the_presets_follow_their_frameworks():
             s("tgi")["max_inflight_requests"], s("tgi")["max_num_batched_tokens"]) == (20, 0.3, 128, 4096)
 
 
+def test_sources_name_what_the_cited_version_has():
+    """Read in the frameworks' sources (chapter 20 lists them): vLLM v0.11.0 sets its batch defaults in
+    EngineArgs._set_default_args (get_batch_defaults is a later name) and its CUDA block size in
+    vllm/platforms/cuda.py; SGLang gives 8192 chunked-prefill tokens to an A100-80GB (60-160 GiB), not
+    to every GPU from 35 GiB; TGI's prefill budget is computed from the GPU and capped by the context."""
+    src = {name: {k.name: k.source for k in presets.get(name).knobs} for name in PRESET_NAMES}
+    assert presets.get("vllm").version.startswith("v0.11.0")
+    for knob in ("max_num_seqs", "max_num_batched_tokens"):
+        assert "_set_default_args" in src["vllm"][knob] and "get_batch_defaults" not in src["vllm"][knob]
+    assert "vllm/platforms/cuda.py" in src["vllm"]["block_size"]
+    assert "60-160 GiB" in src["sglang"]["max_num_batched_tokens"]
+    assert "35-90" not in src["sglang"]["max_num_batched_tokens"]
+    assert "max_position_embeddings" in src["tgi"]["max_num_batched_tokens"]
+    assert "A100-80GB" in presets.__doc__ and "under 70 GiB" not in presets.__doc__
+
+
 def test_describe_lists_each_knob_with_value_and_source():
     text = presets.describe("tgi")
     assert "Text Generation Inference v3.3.7" in text

@@ -116,3 +116,30 @@ def test_the_capacity_search_in_parallel_batches_finds_the_same_optimum(workload
     smart = tune.sweep(workload, grid=grid, slo=SLO, processes=2, rates=RATES, method="bisect")
     assert smart.best == full.best and smart.best_trial.capacity == full.best_trial.capacity
     assert smart.num_runs < full.num_runs == 3 * len(RATES)
+
+
+def test_a_list_of_grids_is_the_union_of_their_products_in_order(workload):
+    # max_wait_ms means something only to the dynamic policy: its own grid, not a factor of every other.
+    grids = [{"max_num_seqs": [4, 32]}, {"policy": ["dynamic"], "max_wait_ms": [0.0, 50.0]}]
+    assert tune.grid_configs(grids) == [{"max_num_seqs": 4}, {"max_num_seqs": 32},
+                                        {"policy": "dynamic", "max_wait_ms": 0.0},
+                                        {"policy": "dynamic", "max_wait_ms": 50.0}]
+    res = tune.sweep(workload, grid=grids, slo=SLO, processes=1)
+    brute = [run(workload, **SIM, **c).summary(SLO, trim=0.1)["goodput"] for c in tune.grid_configs(grids)]
+    assert [t.goodput for t in res.trials] == brute and res.num_runs == 4
+    assert res.best_trial.goodput == max(brute)
+    lines = res.table().splitlines()
+    assert lines[0].split()[:3] == ["max_num_seqs", "policy", "max_wait_ms"]   # every knob of every grid
+    assert lines[1].split()[:3] == ["4", "-", "-"] and lines[3].split()[:3] == ["-", "dynamic", "0.0"]
+    for bad in ([], [{"max_num_seqs": [4]}, "max_wait_ms"]):
+        with pytest.raises(ValueError, match="list of dicts"):
+            tune.grid_configs(bad)
+
+
+def test_summaries_are_the_runs_summaries_in_order_in_processes_too(workload):
+    jobs = [(workload, {**SIM, "max_num_seqs": 4}), (workload.with_rate(2.0), {**SIM, "preset": "tgi"}),
+            (workload, {**SIM, "max_num_batched_tokens": 512})]
+    direct = [run(wl, **kw).summary(SLO, trim=0.1) for wl, kw in jobs]
+    assert tune.summaries(jobs, slo=SLO, processes=1) == direct
+    assert tune.summaries(jobs, slo=SLO, processes=2) == direct
+    assert tune.summaries(jobs[:1], processes=1)[0] == run(workload, **jobs[0][1]).summary(trim=0.1)

@@ -11,8 +11,11 @@ preemption and limits. An option given explicitly always beats the preset::
 comes from (framework version and source file, read in the framework's repository).
 Knobs a framework sizes from the GPU's free memory (vLLM's and TGI's KV pool, SGLang's
 ``max_running_requests``) are not set: minibatch sizes them from its own KV budget. Where
-a framework's default depends on the GPU, the preset takes the branch for a GPU of
-under 70 GiB (an A100-40GB, L4, A10; and vLLM's A100 exception), and says so.
+a framework's default depends on the GPU or the model, the preset takes the branch of the
+course's reference setup, a Llama-2 model (4,096-token context) on an A100-80GB, and the
+knob's source says what other GPUs and models get (vLLM: the A100 keeps the small
+defaults whatever its memory; SGLang: 8,192 chunked-prefill tokens from 60 GiB; TGI: the
+prefill budget is capped by the model's context).
 
 Mapping to minibatch's names: vLLM's ``max_num_seqs`` / TensorRT-LLM's ``max_batch_size`` /
 TGI's ``max_batch_size`` -> ``max_num_seqs``; vLLM's ``max_num_batched_tokens`` /
@@ -49,13 +52,14 @@ class Preset:
         return {k.name: k.value for k in self.knobs}
 
 
-_VLLM_ARGS = "vllm/engine/arg_utils.py EngineArgs.get_batch_defaults (LLM class, GPU < 70 GiB or A100)"
+_VLLM_ARGS = ("vllm/engine/arg_utils.py EngineArgs._set_default_args (LLM class; GPU < 70 GiB or an A100: "
+              "'a100' in the device name keeps these)")
 _SGL_ARGS = "python/sglang/srt/server_args.py ServerArgs"
 _TRT_ARGS = "tensorrt_llm/llmapi/llm_args.py BaseLlmArgs"
 _TGI_MAIN = "launcher/src/main.rs Args"
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
-    Preset("vllm", "vLLM", "v0.11 (V1 engine)", (
+    Preset("vllm", "vLLM", "v0.11.0 (V1 engine)", (
         Knob("policy", "continuous", "vllm/config/scheduler.py SchedulerConfig.policy = 'fcfs' "
                                      "(v1/core/sched/scheduler.py: running first, then waiting)"),
         Knob("admission", "max_utilization", "vllm/v1/core/sched/scheduler.py: admit while "
@@ -65,15 +69,18 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         Knob("enable_chunked_prefill", True, "vllm/config/scheduler.py SchedulerConfig.enable_chunked_prefill"),
         Knob("enable_prefix_caching", True, "vllm/engine/arg_utils.py: on by default for generative models (V1)"),
         Knob("preemption_mode", "recompute", "vllm/v1/core/sched/scheduler.py _preempt_request (V1 recomputes)"),
-        Knob("block_size", 16, "vllm/config/cache.py CacheConfig.block_size (16 on CUDA)"),
+        Knob("block_size", 16, "vllm/platforms/cuda.py check_and_update_config: CacheConfig.block_size "
+                               "None -> 16"),
         Knob("max_wait_ms", 0.0, "vLLM has no batching window"),
-    ), ("on GPUs of >= 70 GiB other than the A100, get_batch_defaults gives 1024 sequences and 16384 tokens",)),
-    Preset("sglang", "SGLang", "v0.5 (python/sglang/srt)", (
+    ), ("on GPUs of >= 70 GiB other than the A100 (H100, H200) the LLM class gets 1024 sequences and 16384 "
+        "tokens; `vllm serve` gets 256 and 2048 on the A100 (1024 and 8192 on an H100)",)),
+    Preset("sglang", "SGLang", "v0.5.3 (python/sglang/srt)", (
         Knob("policy", "continuous", f"{_SGL_ARGS}.schedule_policy = 'fcfs'"),
         Knob("admission", "conservative", f"{_SGL_ARGS}.schedule_conservativeness = 1.0; "
                                           "managers/schedule_policy.py PrefillAdder (new_token_ratio)"),
         Knob("max_num_batched_tokens", 8192, f"{_SGL_ARGS}.chunked_prefill_size (None -> by GPU memory: "
-                                             "8192 for 35-90 GiB, 2048-4096 below)"),
+                                             "8192 on 60-160 GiB GPUs such as the A100-80GB and H100, 2048 "
+                                             "under 35 GiB; 35-60 GiB get 8192 or 4096 by release)"),
         Knob("enable_chunked_prefill", True, f"{_SGL_ARGS}.chunked_prefill_size > 0"),
         Knob("enable_prefix_caching", True, f"{_SGL_ARGS}.disable_radix_cache = False"),
         Knob("preemption_mode", "recompute", "managers/schedule_batch.py retract_decode (retracted requests "
@@ -88,8 +95,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                                  "first, then context chunks FCFS); capacityScheduler.cpp (arrival order)"),
         Knob("admission", "guaranteed_no_evict", f"{_TRT_ARGS}.scheduler_config: SchedulerConfig."
                                                  "capacity_scheduler_policy = GUARANTEED_NO_EVICT"),
-        Knob("max_num_seqs", 2048, "tensorrt_llm/builder.py BuildConfig.max_batch_size (BaseLlmArgs."
-                                   "max_batch_size None -> the build config's)"),
+        Knob("max_num_seqs", 2048, f"{_TRT_ARGS}.max_batch_size = 2048 (older 0.x: None -> tensorrt_llm/"
+                                   "builder.py BuildConfig.max_batch_size = 2048)"),
         Knob("max_num_batched_tokens", 8192, f"{_TRT_ARGS}.max_num_tokens = 8192"),
         Knob("enable_chunked_prefill", False, f"{_TRT_ARGS}.enable_chunked_prefill = False"),
         Knob("enable_prefix_caching", True, f"{_TRT_ARGS}.kv_cache_config: KvCacheConfig.enable_block_reuse"),

@@ -8,7 +8,10 @@
     res.best, res.num_runs, res.pareto          # res.table() prints every trial
 
 Every configuration is the product of the grid's values (``EngineConfig`` fields; the
-other engine options are ``**engine_kwargs``), run on ``workload`` under the simulator and
+other engine options are ``**engine_kwargs``); a list of grids is the union of their
+products, in list order (scikit-learn's ``ParameterGrid`` form: a knob that matters only
+with another, such as ``max_wait_ms`` with the ``dynamic`` policy, goes in a grid of its own
+instead of multiplying every other one). Each is run on ``workload`` under the simulator and
 summarized with :func:`minibatch.results.summarize` (``RunResult.summary(slo, trim)``):
 goodput, SLO attainment and the p90 latency (``latency_metric``, default ``e2e_p90``)
 of the steady state (``trim=0.1``). Two objectives:
@@ -29,7 +32,8 @@ of the steady state (``trim=0.1``). Two objectives:
   configurations whose capacity was measured (pruned ones are not on it). Ties go to the
   configuration first in grid order.
 
-Runs go to ``processes`` local processes (``concurrent.futures.ProcessPoolExecutor``;
+:func:`summaries` runs any list of ``(workload, engine_kwargs)`` the same way and returns each
+run's whole summary. Runs go to ``processes`` local processes (``concurrent.futures.ProcessPoolExecutor``;
 ``processes=1`` runs in this process), or, with ``ray_address`` (``"auto"``, ``"local"``
 for a new local Ray instance, or ``ray://host:port``), to Ray tasks: the same jobs,
 ``ray.remote`` instead of a process pool. Ray is optional and imported only then. Under
@@ -83,7 +87,7 @@ class TuneResult:
         return (t.capacity if self.objective == "capacity" else t.goodput) or 0.0
 
     def table(self) -> str:
-        keys = list(self.best)
+        keys = list(dict.fromkeys(k for t in self.trials for k in t.config))    # a list of grids: every knob
         cap = self.objective == "capacity"
         head = keys + (["capacity", "at rate"] if cap else []) + ["goodput", self.latency_metric, "runs", ""]
         rows = [head]
@@ -92,7 +96,7 @@ class TuneResult:
                                                         ("pruned" if t.pruned else ""))
             measured = ["-" if t.capacity is None else f"{t.capacity:.2f}",
                         "-" if t.rate is None else f"{t.rate:.2f}"] if cap else []
-            rows.append([str(t.config[k]) for k in keys] + measured + [
+            rows.append([str(t.config.get(k, "-")) for k in keys] + measured + [
                 "-" if t.goodput is None else f"{t.goodput:.2f}",
                 "-" if t.latency is None else f"{t.latency:.2f}", str(t.runs), mark])
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -101,8 +105,13 @@ class TuneResult:
         return "\n".join(lines)
 
 
-def grid_configs(grid: dict) -> list[dict]:
-    """The product of ``grid``'s values, in order (the last key varies fastest)."""
+def grid_configs(grid: dict | list[dict]) -> list[dict]:
+    """The product of ``grid``'s values, in order (the last key varies fastest); for a list of
+    grids, the union of their products in list order."""
+    if isinstance(grid, (list, tuple)):
+        if not grid or not all(isinstance(g, dict) for g in grid):
+            raise ValueError(f"grid must be a dict or a non-empty list of dicts, got {grid!r}")
+        return [config for g in grid for config in grid_configs(g)]
     names = {f.name for f in EngineConfig.__dataclass_fields__.values()} | {"scheduling_policy"}
     for key, values in grid.items():
         if key not in names:
@@ -133,6 +142,21 @@ def evaluate(job: tuple) -> dict:
     wl = workload if rate is None else workload.with_rate(rate)
     s = run(wl, **engine_kwargs).summary(slo, trim=trim)
     return {"goodput": s["goodput"], "attainment": s["slo_attainment"], "latency": s[latency_metric]}
+
+
+def _summary(job: tuple) -> dict:
+    from minibatch.runner import run
+
+    workload, engine_kwargs, slo, trim = job
+    return run(workload, **engine_kwargs).summary(slo, trim=trim)
+
+
+def summaries(jobs, slo: dict | None = None, trim: float = 0.1, processes: int = 2,
+              ray_address: str | None = None) -> list[dict]:
+    """``run(workload, **engine_kwargs).summary(slo, trim)`` for each ``(workload, engine_kwargs)``
+    of ``jobs``, in order, on the sweep's local processes or Ray tasks: the full summary (TTFT,
+    TPOT, throughput, preemptions, ...) of runs a grid does not describe, e.g. seeds or presets."""
+    return parallel_map(_summary, [(wl, dict(kw), slo, trim) for wl, kw in jobs], processes, ray_address)
 
 
 def search_capacity(job: tuple) -> dict:
@@ -186,12 +210,13 @@ def parallel_map(fn, jobs: list, processes: int = 2, ray_address: str | None = N
         return list(pool.map(fn, jobs))
 
 
-def sweep(workload, model: str = "llama-2-7b", hardware: str | None = "a100-80g", grid: dict | None = None,
+def sweep(workload, model: str = "llama-2-7b", hardware: str | None = "a100-80g", grid: dict | list | None = None,
           slo: dict | None = None, executor: str = "sim", processes: int = 2, ray_address: str | None = None,
           rates=None, target: float = 0.9, method: str = "grid", trim: float = 0.1,
           latency_metric: str = "e2e_p90", **engine_kwargs) -> TuneResult:
-    """Sweep ``grid`` (default :data:`DEFAULT_GRID`) under ``slo`` (required; seconds, e.g.
-    ``{"ttft": 0.5, "tpot": 0.05}``); see the module docstring for the two objectives."""
+    """Sweep ``grid`` (default :data:`DEFAULT_GRID`; a dict, or a list of dicts for their union) under
+    ``slo`` (required; seconds, e.g. ``{"ttft": 0.5, "tpot": 0.05}``); see the module docstring for the
+    two objectives."""
     from minibatch.workload import Workload
 
     if not slo:

@@ -1,0 +1,459 @@
+# %% [markdown]
+# # 第 20 章 框架横评：同一负载下的四种风格
+#
+# 第 10–16 章把 vLLM、SGLang、TensorRT-LLM、TGI 的调度器一个个拆开看过。本章把它们放到**同一台机器、同一个负载**上比较。
+# 发表的框架对比通常比较的是整套系统：SGLang 的论文（Zheng et al., *SGLang: Efficient Execution of Structured Language Model
+# Programs*, NeurIPS'24, arXiv:2312.07104）报告比当时最好的推理系统吞吐最高提高 6.4 倍，其中有 RadixAttention 的前缀复用、
+# 压缩有限状态机的结构化解码，也有内核与运行时的差别——调度策略只是其中一部分，而且这些数字不能搬到别的负载上。
+# 本章反过来，只比较**调度风格**：同一个引擎、同一个代价模型（模拟的 Llama-2-13B / A100-80G），每个框架只贡献它的默认调度旋钮——
+# minibatch 的**框架预设**（Framework Preset，`LLM(..., preset="tgi")`、`EngineConfig.from_kwargs(preset=...)`、
+# `python -m minibatch.presets`）。内核快慢、CUDA Graph、推测解码、分离式部署等都不在比较之内。
+#
+# 问题是：同样的负载下，四种风格的吞吐、TTFT、TPOT、抢占与服务容量差多少？差别来自哪个旋钮？
+#
+# ## 学习目标
+#
+# - 说出四个框架默认设置的调度旋钮（准入、分块、Token 预算、序列上限、路由器参数），每一项的版本与源文件；
+# - 在模拟的 Llama-2-13B / A100-80G 上，用聊天（chat）与长提示词的 RAG 两个负载、稳态、3 个种子的中位数，比较吞吐、TTFT 与 TPOT 的
+#   p50/p99、抢占次数、SLO 达成率与服务容量，并画在同一张图上；
+# - 把每一处差别追溯到旋钮：乐观准入、按估计预留、按最坏情况预留，以及 TGI 路由器自己的预留；
+# - 一次只改一个旋钮，证明差别来自旋钮而不是“品牌”；把旋钮拉平后四者完全相同；
+# - 在真实的 tiny 模型上验证：四种预设下贪心输出逐 Token 相同。
+
+# %%
+import ipywidgets as W
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+import minibatch
+from minibatch import LLM, EngineConfig, SamplingParams, presets, tune
+from minibatch.config import PRESET_NAMES
+from minibatch.results import capacity
+from minibatch.sim import get_model_spec, make_cost_model
+from minibatch.viz import markdown_table, md_table
+from minibatch.workload import load_workload
+
+SIM = {"executor": "sim", "model": "llama-2-13b", "hardware": "a100-80g"}     # the one server of this chapter
+COLORS = {"vllm": "C0", "sglang": "C2", "trtllm": "C3", "tgi": "C1"}
+print("minibatch", minibatch.__version__, "| presets:", PRESET_NAMES)
+
+# %% [markdown]
+# ## 20.1 四个预设：每个框架默认设了什么
+#
+# 每个预设只是一组 `EngineConfig` 字段（`minibatch/presets/__init__.py`）。下表是四个预设设置的值；“—”表示该框架没有这个旋钮
+# 或由显存推算，minibatch 用自己的默认值（括号里）：
+
+# %%
+knobs = list(dict.fromkeys(k.name for p in PRESET_NAMES for k in presets.get(p).knobs))
+default = EngineConfig()
+md_table(["knob", *[f"{presets.get(p).framework} {presets.get(p).version}" for p in PRESET_NAMES]],
+         [[k, *[repr(presets.settings(p)[k]) if k in presets.settings(p) else f"— ({getattr(default, k)!r})"
+                for p in PRESET_NAMES]] for k in knobs])
+
+# %% [markdown]
+# 每个值都有出处。下表就是 `python -m minibatch.presets` 打印的内容（`presets.rows(name)`）：
+
+# %%
+md_table(["preset", "knob", "value", "source (file and name in the framework's repository)"],
+         [[p if i == 0 else "", k, repr(v), s] for p in PRESET_NAMES for i, (k, v, s) in enumerate(presets.rows(p))])
+
+# %% [markdown]
+# 这些出处是编写本章时在各框架仓库的源码里逐一核对过的，并据此修正了预设里几处出处的写法（vLLM 的函数名与块大小的出处、
+# SGLang 按显存分档的说明、TGI 预填充预算的来历；`tests/test_presets.py` 的 `test_sources_name_what_the_cited_version_has` 固定了它们）：
+#
+# - **vLLM v0.11.0**：`max_num_seqs` 与 `max_num_batched_tokens` 的默认值由 `vllm/engine/arg_utils.py` 的
+#   `EngineArgs._set_default_args` 按使用场景与 GPU 决定（第 10 章的表）：`LLM` 类在 A100（设备名含 `a100`，无论显存多大）上是
+#   256 与 8192，`vllm serve` 是 256 与 2048；同一函数对生成模型打开分块预填充与前缀缓存。块大小 16 由
+#   `vllm/platforms/cuda.py` 的 `check_and_update_config` 在 `CacheConfig.block_size` 为 `None` 时设置。较新的 vLLM 把查表拆进了
+#   `get_batch_defaults`，v0.11.0 里还没有这个名字。
+# - **SGLang v0.5.3**：`python/sglang/srt/server_args.py` 的 `schedule_policy = "fcfs"`、`schedule_conservativeness = 1.0`、
+#   `disable_radix_cache = False`、`max_prefill_tokens = 16384`；`chunked_prefill_size` 默认 `None`，按 GPU 显存推算：
+#   60–160 GiB（A100-80GB、H100、H200）为 8192，35 GiB 以下为 2048，35–60 GiB 依版本为 8192 或 4096。
+#   `max_running_requests` 未给时由 KV 池推算：`min(max_total_num_tokens // 2, req_to_token_pool.size)`
+#   （运行时计算，依版本在 `managers/scheduler.py` 或 `model_executor/model_runner.py`）。
+# - **TensorRT-LLM 1.x**：`tensorrt_llm/llmapi/llm_args.py` 的 `SchedulerConfig.capacity_scheduler_policy = GUARANTEED_NO_EVICT`、
+#   `BaseLlmArgs.max_batch_size = 2048`、`max_num_tokens = 8192`、`enable_chunked_prefill = False`、
+#   `KvCacheConfig.enable_block_reuse = True`。
+# - **TGI v3.3.7**：`launcher/src/main.rs` 的 `max_concurrent_requests = 128`、`max_waiting_tokens = 20`、`waiting_served_ratio = 0.3`；
+#   `max_batch_prefill_tokens` 未给时取“GPU 的 FP16 峰值算力 ÷ 模型每 Token 的 FLOP”（`compute_optimal`），GPU 未知时取 4096，
+#   再截到 `max_position_embeddings` 与显存允许的值；`PREFILL_CHUNKING` 默认为 1
+#   （`server/text_generation_server/models/globals.py`），此时 `backends/v3/src/backend.rs` 忽略 `max_waiting_tokens` 与
+#   `waiting_served_ratio`；`backends/v3/src/queue.rs` 的 `next_batch` 为每个请求预留 `input + max_new_tokens` 个 Token 的块，TGI 从不抢占。
+#
+# TGI 的预填充预算是按公式算出来的，值得照它的公式算一遍（`Config::flop`：每层
+# $2Hdh_\text{model} \times 4 + 2 H_{kv} d h_\text{model} \times 2$ 加上 MLP 的 $2 \cdot 3 \cdot h_\text{model} \cdot i$，乘以层数）：
+
+# %%
+def tgi_prefill_budget(model, peak_f16_flops=312e12):
+    """TGI v3.3.7 launcher/src/main.rs: min(peak FLOP/s / model FLOP per token, max_position_embeddings)
+    (its VRAM cap left out; 312 TFLOP/s is its A100 entry in ComputeType::f16_flop)."""
+    m = get_model_spec(model)
+    attn = 2 * m.hidden_size * m.head_dim * (4 * m.num_heads + 2 * m.num_kv_heads)
+    flop = (attn + 2 * 3 * m.hidden_size * m.intermediate_size) * m.num_layers
+    return flop, min(int(peak_f16_flops / flop), m.max_model_len)
+
+
+tgi_budget = {name: tgi_prefill_budget(name) for name in ("llama-2-13b", "llama-3-8b")}
+for name, (flop, budget) in tgi_budget.items():
+    print(f"{name}: {flop / 1e9:.1f} GFLOP/token -> A100 compute-optimal {312e12 / flop:,.0f} tokens, "
+          f"context {get_model_spec(name).max_model_len} -> max_batch_prefill_tokens {budget}")
+assert tgi_budget["llama-2-13b"][1] == presets.settings("tgi")["max_num_batched_tokens"] == 4096
+assert tgi_budget["llama-3-8b"][1] == 8192, "the prose says an 8k-context model gets a larger TGI default"
+
+# %% [markdown]
+# 对本章的 Llama-2-13B，A100 上的“最优”是 {{312e12 / tgi_budget["llama-2-13b"][0]:,.0f}} 个 Token，被 4,096 的上下文截断，所以预设的 4096 成立；
+# 换成 8k 上下文的 Llama-3-8B，TGI 的默认值会是 {{tgi_budget["llama-3-8b"][1]}}。预设是**参考配置**（Llama-2、A100-80GB）下的默认值，
+# 换模型或 GPU 时要回到源码重新核对（练习 4）。
+#
+# 四个预设的差别归结为三类旋钮：
+#
+# | | 准入：接纳新请求时为将来预留多少 KV | 分块与预算 | 其他 |
+# |---|---|---|---|
+# | vLLM | 乐观：这一步放得下就接纳，KV 不够再抢占（`max_utilization`） | 分块，8192 | `max_num_seqs` 256 |
+# | SGLang | 按估计预留：运行中请求 $r \cdot \min(m - g, 4096)$，$r$ 从 0.7 衰减（`conservative`，第 12 章） | 分块，8192 | |
+# | TensorRT-LLM | 按最坏情况预留：每个请求到结束所需的块（`guaranteed_no_evict`） | **不分块**，8192 | 先解码后上下文（`trtllm` 策略） |
+# | TGI | 按最坏情况预留（路由器 `next_batch` 的 `input + max_new_tokens`，写在 `tgi` 策略里） | 分块，**4096** | 并发上限 128（背压） |
+#
+# 用第 12 章的记号（块大小 $B$，请求 $j$ 的提示词 $p_j$、`max_tokens` $m_j$、已生成 $g_j$），三种准入的条件是
+#
+# $$
+# \underbrace{\Big\lceil\tfrac{p_j}{B}\Big\rceil \le N_\text{free}}_{\text{乐观}},\qquad
+# \underbrace{\Big\lceil\tfrac{p_j + r\,\min(m_j,4096)}{B}\Big\rceil + \sum_{i} \Big\lceil\tfrac{r\,\min(m_i - g_i,4096)}{B}\Big\rceil \le N_\text{free}}_{\text{按估计（minibatch 对新请求也乘 } r\text{）}},\qquad
+# \underbrace{\Big\lceil\tfrac{p_j + m_j}{B}\Big\rceil + \sum_{i} \Big(\Big\lceil\tfrac{p_i + m_i}{B}\Big\rceil - \text{held}_i\Big) \le N_\text{free}}_{\text{最坏情况}} .
+# $$
+#
+# 预留得越多，同时运行的请求越少；由 Little 定律 $L = \lambda W$，到达率不变时在系统里的请求数不变，运行的少了，等待的就多了——
+# TTFT 变长；换来的是从不抢占、批更小因而 TPOT 更低。注意：模拟的负载里 `max_tokens` 就是真实的输出长度（`ignore_eos=True`），
+# 最坏情况预留恰好等于真实需要，这是它**最有利**的情形；真实客户端常把 `max_tokens` 设得远大于实际输出，预留会多出
+# $\lceil (m_j - o_j)/B \rceil$ 个块（练习 5）。
+#
+# ## 20.2 实验设置
+#
+# 服务器：模拟的 Llama-2-13B / A100-80G（KV 池约 {{make_cost_model("llama-2-13b", "a100-80g").kv_capacity_tokens():,}} 个 Token）。
+# 两个负载（`minibatch/workload/named.py`）：**chat**（按 Azure 2023 对话数据拟合，提示词中位数约 1,020、输出中位数约 129 Token，
+# 输出长、KV 随解码持续增长）与 **rag**（提示词 1k–4k、中位数 2,048，输出中位数 64，预填充为主）。每个种子 150 个请求，3 个种子，
+# 每个到达率各跑一次；指标只统计稳态（到达时间落在中间 80% 的请求，`trim=0.1`），报告 3 个种子的**中位数**。
+# SLO 对每个请求判断：TTFT ≤ 2 s 且 TPOT ≤ 150 ms，服务容量是达成率 ≥ 90% 的最高到达率（到达率阶梯上）。
+# 所有运行经 `tune.summaries` 在 2 个进程里并行。
+
+# %%
+N_REQ, SEEDS = 150, [1, 2, 3]
+SLO, TARGET = {"ttft": 2.0, "tpot": 0.15}, 0.9
+RATES = {"chat": [2.0, 2.5, 3.0, 3.5, 4.0, 4.5], "rag": [1.5, 2.0, 2.5, 3.0, 3.5]}
+AT = {"chat": 3.5, "rag": 2.5}                         # the rate of the comparison table
+keys = [(w, r, p, s) for w in RATES for r in RATES[w] for p in PRESET_NAMES for s in SEEDS]
+out = tune.summaries([(load_workload(w, n=N_REQ, rate=r, seed=s), {**SIM, "preset": p}) for w, r, p, s in keys],
+                     slo=SLO, trim=0.1, processes=2)
+res = dict(zip(keys, out))
+
+
+def med(w, r, p, key):
+    """Median over the seeds of one summary field."""
+    return float(np.median([res[w, r, p, s][key] for s in SEEDS]))
+
+
+cap = {(w, p): float(np.median([capacity({r: res[w, r, p, s]["slo_attainment"] for r in RATES[w]}, target=TARGET)
+                                for s in SEEDS])) for w in RATES for p in PRESET_NAMES}
+rejected = {reason for s in out for reason in s["rejected_reasons"]}
+print(f"{len(out)} simulated runs; rejections in any run: {sorted(rejected)}")
+assert rejected <= {"prompt longer than max_model_len"}, "the prose says only over-long prompts are rejected"
+
+# %% [markdown]
+# 共 {{len(out)}} 次模拟。少数请求的提示词超过 Llama-2 的 4,096 Token 上下文，四种预设都拒绝它们（vLLM 也会返回错误），
+# 计为未满足 SLO；TGI 的 128 并发上限在这些运行里从未触发。
+#
+# ## 20.3 同一张图上的四种风格
+#
+# 每一行是一个负载，三列分别是 p99 TTFT、p99 TPOT 与 SLO 达成率随到达率的变化（3 个种子的中位数）：
+
+# %%
+fig, axes = plt.subplots(2, 3, figsize=(12, 6))
+for row, w in zip(axes, RATES):
+    for p in PRESET_NAMES:
+        kw = dict(color=COLORS[p], label=p, marker="o", ms=3, lw=1.5 if p in ("vllm", "trtllm") else 1,
+                  ls="-" if p in ("vllm", "trtllm") else "--")
+        row[0].plot(RATES[w], [med(w, r, p, "ttft_p99") for r in RATES[w]], **kw)
+        row[1].plot(RATES[w], [med(w, r, p, "tpot_p99") * 1e3 for r in RATES[w]], **kw)
+        row[2].plot(RATES[w], [med(w, r, p, "slo_attainment") * 100 for r in RATES[w]], **kw)
+    row[0].axhline(SLO["ttft"], color="k", ls=":", lw=1)
+    row[1].axhline(SLO["tpot"] * 1e3, color="k", ls=":", lw=1)
+    row[2].axhline(TARGET * 100, color="k", ls=":", lw=1)
+    row[0].set(ylabel=f"{w}\np99 TTFT (s)", yscale="log")
+    row[1].set(ylabel="p99 TPOT (ms)")
+    row[2].set(ylabel="SLO attainment (%)")
+    for ax in row:
+        ax.grid(alpha=0.3, which="both")
+for ax in axes[1]:
+    ax.set_xlabel("request rate (req/s)")
+axes[0][2].legend(fontsize=8)
+fig.suptitle("llama-2-13b on A100-80G, four framework presets (median of 3 seeds, steady state); dotted: the SLO",
+             fontsize=10)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## 20.4 对比表
+#
+# 在两个负载各取一个容量附近的到达率（chat {{AT["chat"]}} req/s，rag {{AT["rag"]}} req/s，见表中的容量），列出全部指标
+# （3 个种子的中位数；抢占是 3 个种子的合计；容量在 20.3 节的阶梯上测）：
+
+# %% tags=["nbval-check-output"]
+COLS = [("throughput_tok_s", "out tok/s", 1, ".0f"), ("ttft_p50", "TTFT p50 (s)", 1, ".2f"),
+        ("ttft_p99", "TTFT p99 (s)", 1, ".2f"), ("tpot_p50", "TPOT p50 (ms)", 1e3, ".0f"),
+        ("tpot_p99", "TPOT p99 (ms)", 1e3, ".0f"), ("slo_attainment", "SLO met", 100, ".0f")]
+rows = []
+for w in RATES:
+    for p in PRESET_NAMES:
+        pre = sum(res[w, AT[w], p, s]["num_preemptions"] for s in SEEDS)
+        rows.append([f"{w} @ {AT[w]:g}", p, *[format(med(w, AT[w], p, k) * sc, f) + ("%" if k == "slo_attainment" else "")
+                                             for k, _, sc, f in COLS], str(pre), f"{cap[w, p]:.1f}"])
+print(markdown_table(["workload @ req/s", "preset", *[c[1] for c in COLS], "preemptions", "capacity (req/s)"], rows))
+
+# %% [markdown]
+# ## 20.5 为什么不同：追溯到旋钮
+#
+# **chat：准入把四者分成两组。** 先看同时运行的请求数与 KV 占用（chat {{AT["chat"]}} req/s，中位数）：
+
+# %%
+w, r = "chat", AT["chat"]
+print({p: f"{med(w, r, p, 'mean_batch_size'):.1f} running, KV {med(w, r, p, 'kv_util_mean'):.0%}, "
+          f"queue delay p99 {med(w, r, p, 'queue_delay_p99'):.2f} s" for p in PRESET_NAMES})
+chat = {p: {k: med(w, r, p, k) for k in ("ttft_p99", "tpot_p99", "slo_attainment", "mean_batch_size",
+                                           "throughput_tok_s")} for p in PRESET_NAMES}
+pre = {p: sum(res[w, r, p, s]["num_preemptions"] for s in SEEDS) for p in PRESET_NAMES}
+optimistic, reserving = ("vllm", "sglang"), ("trtllm", "tgi")
+assert min(chat[p]["slo_attainment"] for p in optimistic) > max(chat[p]["slo_attainment"] for p in reserving)
+assert min(chat[p]["ttft_p99"] for p in reserving) > 1.5 * max(chat[p]["ttft_p99"] for p in optimistic)
+assert max(chat[p]["tpot_p99"] for p in reserving) < chat["vllm"]["tpot_p99"], "reserving: lower TPOT tail than vLLM"
+assert pre["vllm"] > 0 and pre["sglang"] == pre["trtllm"] == pre["tgi"] == 0
+assert chat["sglang"]["tpot_p99"] < chat["vllm"]["tpot_p99"]
+assert min(cap["chat", p] for p in optimistic) > max(cap["chat", p] for p in reserving)
+assert max(chat[p]["mean_batch_size"] for p in reserving) < min(chat[p]["mean_batch_size"] for p in optimistic)
+assert med("chat", AT["chat"], "trtllm", "queue_delay_p99") > 2 * med("chat", AT["chat"], "vllm", "queue_delay_p99")
+
+# %% [markdown]
+# - **乐观的一组（vLLM、SGLang）**：接纳得早，平均同时运行的请求多，p99 TTFT 约 {{chat["vllm"]["ttft_p99"]:.1f}} s，
+#   达成率 {{chat["vllm"]["slo_attainment"]:.0%}}，容量 {{cap["chat", "vllm"]:.1f}} req/s。代价是 vLLM 在 KV 紧的瞬间要抢占
+#   （3 个种子共 {{pre["vllm"]}} 次），被抢占的请求重算、一段时间不出 Token，p99 TPOT 是 {{chat["vllm"]["tpot_p99"] * 1e3:.0f}} ms。
+#   SGLang 的按估计预留在这个负载上一次也没有抢占，批几乎一样大，p99 TPOT 降到 {{chat["sglang"]["tpot_p99"] * 1e3:.0f}} ms——
+#   正是第 12 章说的“保守准入：抢占少、吞吐接近乐观准入”。
+# - **预留的一组（TensorRT-LLM、TGI）**：每个请求一进来就占下到结束所需的块，同时运行的请求少了，新请求在队列里等，
+#   p99 TTFT 升到 {{chat["trtllm"]["ttft_p99"]:.1f}} s，达成率 {{chat["trtllm"]["slo_attainment"]:.0%}}，容量 {{cap["chat", "trtllm"]:.1f}} req/s；
+#   换来零抢占和更低的 p99 TPOT（{{chat["trtllm"]["tpot_p99"] * 1e3:.0f}} ms）。同时运行的请求平均只少了
+#   {{1 - chat["trtllm"]["mean_batch_size"] / chat["vllm"]["mean_batch_size"]:.0%}}（{{chat["trtllm"]["mean_batch_size"]:.1f}} 对
+#   {{chat["vllm"]["mean_batch_size"]:.1f}}），排队延迟的 p99 却翻了一倍多（{{med("chat", AT["chat"], "trtllm", "queue_delay_p99"):.1f}} 对
+#   {{med("chat", AT["chat"], "vllm", "queue_delay_p99"):.1f}} s）：这是容量附近的“曲棍球棒”（第 3 章），利用率 $\rho$ 接近 1 时
+#   等待时间按 $\rho/(1-\rho)$ 放大，服务能力少一点点，队列就长很多。
+# - 两组的吞吐相差不到 {{abs(chat["trtllm"]["throughput_tok_s"] / chat["vllm"]["throughput_tok_s"] - 1):.0%}}：
+#   差别不在“做了多少”，而在“先做谁”。TensorRT-LLM 不分块、TGI 的预算只有 4096，在这个负载上都是次要的（20.6 节逐个验证）。
+#
+# **rag：四者几乎重合。**
+
+# %%
+w, r = "rag", AT["rag"]
+rag = {p: {k: med(w, r, p, k) for k in ("ttft_p99", "tpot_p99", "slo_attainment", "throughput_tok_s")} for p in PRESET_NAMES}
+spread = {k: max(rag[p][k] for p in PRESET_NAMES) / min(rag[p][k] for p in PRESET_NAMES) - 1
+          for k in ("ttft_p99", "tpot_p99", "throughput_tok_s")}
+print("rag @", r, "req/s, largest relative difference between presets:", {k: f"{v:.0%}" for k, v in spread.items()},
+      "| capacity:", {p: cap["rag", p] for p in PRESET_NAMES})
+assert max(spread.values()) < 0.12 and len({cap["rag", p] for p in PRESET_NAMES}) == 1, "the prose: rag looks the same"
+
+# %% [markdown]
+# RAG 的提示词长、输出短：每个请求的工作主要是预填充，GPU 算力是瓶颈；输出短意味着“到结束所需的块”比当下占用的多不了多少，
+# 预留与乐观准入几乎做出同样的决定。四种预设的 p99 TTFT、p99 TPOT 与吞吐最多相差 {{max(spread.values()):.0%}}，容量都是
+# {{cap["rag", "vllm"]:.1f}} req/s。**哪个框架“更快”取决于负载**：在这里比较调度风格，结论只对解码为主、KV 会紧的负载成立。
+#
+# ## 20.6 是旋钮，不是品牌
+#
+# 如果差别真来自准入，那么：给 vLLM 换上别人的准入，它就应该变成别人；给别人换上 vLLM 的准入，别人就应该变成 vLLM。
+# 在 chat {{AT["chat"]}} req/s、3 个种子上，一次只改一个旋钮（显式给出的选项总是覆盖预设）：
+
+# %%
+VARIANTS = {
+    "vllm + admission=conservative": {"preset": "vllm", "admission": "conservative"},
+    "vllm + admission=guaranteed_no_evict": {"preset": "vllm", "admission": "guaranteed_no_evict"},
+    "vllm + policy=tgi (TGI's router)": {"preset": "vllm", "policy": "tgi"},
+    "vllm + enable_chunked_prefill=False": {"preset": "vllm", "enable_chunked_prefill": False},
+    "vllm + max_num_batched_tokens=4096": {"preset": "vllm", "max_num_batched_tokens": 4096},
+    "trtllm + admission=max_utilization": {"preset": "trtllm", "admission": "max_utilization"},
+    "tgi + policy=continuous, admission=max_utilization": {"preset": "tgi", "policy": "continuous",
+                                                           "admission": "max_utilization"},
+}
+vkeys = [(name, s) for name in VARIANTS for s in SEEDS]
+vout = tune.summaries([(load_workload("chat", n=N_REQ, rate=AT["chat"], seed=s), {**SIM, **VARIANTS[name]})
+                       for name, s in vkeys], slo=SLO, trim=0.1, processes=2)
+vres = dict(zip(vkeys, vout))
+vres.update({(p, s): res["chat", AT["chat"], p, s] for p in PRESET_NAMES for s in SEEDS})
+KEYS = ("slo_attainment", "ttft_p99", "tpot_p99", "num_preemptions")
+
+
+def vmed(name):
+    return {k: float(np.median([vres[name, s][k] for s in SEEDS])) if k != "num_preemptions"
+            else sum(vres[name, s][k] for s in SEEDS) for k in KEYS}
+
+
+def same(a, b):
+    """Equal medians of every compared metric."""
+    return vmed(a) == vmed(b)
+
+
+order = ["vllm", "vllm + admission=conservative", "sglang", "vllm + admission=guaranteed_no_evict", "trtllm",
+         "vllm + policy=tgi (TGI's router)", "tgi", "vllm + enable_chunked_prefill=False",
+         "vllm + max_num_batched_tokens=4096", "trtllm + admission=max_utilization",
+         "tgi + policy=continuous, admission=max_utilization"]
+md_table(["configuration", "SLO met", "TTFT p99 (s)", "TPOT p99 (ms)", "preemptions (3 seeds)", "same metrics as"],
+         [[n, f"{vmed(n)['slo_attainment']:.0%}", f"{vmed(n)['ttft_p99']:.2f}", f"{vmed(n)['tpot_p99'] * 1e3:.0f}",
+           f"{vmed(n)['num_preemptions']:.0f}", "; ".join(m for m in order if m != n and same(n, m)) or "—"]
+          for n in order])
+tgi_like, trt_mu = vmed("vllm + policy=tgi (TGI's router)"), vmed("trtllm + admission=max_utilization")
+assert same("vllm + admission=conservative", "sglang"), "SGLang = vLLM + its admission"
+assert same("vllm + admission=guaranteed_no_evict", "trtllm"), "TensorRT-LLM = vLLM + its admission"
+assert same("vllm + enable_chunked_prefill=False", "vllm"), "turning chunking off changes nothing here"
+assert not same("vllm + max_num_batched_tokens=4096", "vllm"), "the 4096 budget changes a little"
+assert same("tgi + policy=continuous, admission=max_utilization", "vllm + max_num_batched_tokens=4096"), \
+    "TGI without its router and reservation is vLLM with TGI's budget"
+tgi_gap = max(abs(tgi_like[k] / vmed("tgi")[k] - 1) for k in ("ttft_p99", "tpot_p99"))
+assert tgi_like["slo_attainment"] == vmed("tgi")["slo_attainment"] and tgi_like["num_preemptions"] == 0 \
+    and tgi_gap < 0.02, "TGI = vLLM + its router, up to the small effect of its 4096 budget"
+assert trt_mu["slo_attainment"] > vmed("trtllm")["slo_attainment"] + 0.1 and trt_mu["num_preemptions"] > 0
+assert abs(trt_mu["slo_attainment"] - vmed("vllm")["slo_attainment"]) < 0.05
+
+# %% [markdown]
+# - **SGLang = vLLM + 按估计预留**：只改 `admission="conservative"`，vLLM 的每一项指标都变得与 SGLang 预设相同。
+# - **TensorRT-LLM = vLLM + 最坏情况预留**：只改 `admission="guaranteed_no_evict"`，指标与 TensorRT-LLM 预设相同——
+#   它的其余旋钮（不分块、`trtllm` 策略、`max_num_seqs` 2048）在预留之下都不起作用。单独关掉 vLLM 的分块，指标也一点不变：
+#   这个负载的提示词没有一个超过 8192 的预算，不分块也总能一步算完。
+# - **TGI = vLLM + TGI 的路由器**：只把策略换成 `tgi`，达成率与抢占（0 次）都与 TGI 预设相同，p99 TTFT 与 p99 TPOT 相差不到
+#   {{tgi_gap:.1%}}（p99 TTFT {{tgi_like["ttft_p99"]:.2f}} 与 {{vmed("tgi")["ttft_p99"]:.2f}} s；剩下的这点差别来自 TGI 的 4096 预算）。TGI 的预留不是一个单独的
+#   “准入”开关，而是写在路由器的 `next_batch` 里，所以只改 `admission` 不够，要换掉路由器：TGI 预设换上连续批处理与
+#   `max_utilization` 之后，结果与“vLLM + 4096 的预算”逐项相同。4096 的预算本身只让尾部好了一点
+#   （p99 TTFT {{vmed("vllm + max_num_batched_tokens=4096")["ttft_p99"]:.2f}} 对 {{vmed("vllm")["ttft_p99"]:.2f}} s）。
+# - 反过来，给 TensorRT-LLM 换上 `max_utilization`，达成率从 {{vmed("trtllm")["slo_attainment"]:.0%}} 回到 {{trt_mu["slo_attainment"]:.0%}}
+#   （vLLM {{vmed("vllm")["slo_attainment"]:.0%}}），也开始抢占（{{trt_mu["num_preemptions"]:.0f}} 次）；与 vLLM 剩下的差别来自
+#   TensorRT-LLM 预设其余的旋钮——乐观准入之下，它的 `trtllm` 策略（到达顺序、先解码、遇到放不下的请求就停止接纳）开始起作用。
+#
+# 最后把旋钮全部拉平：以 vLLM 预设的全部设置覆盖另外三个预设（显式选项优先），结果应当与 vLLM **逐项相同**——预设里除了旋钮什么也没有：
+
+# %%
+vllm_knobs = presets.settings("vllm")
+wl1 = load_workload("chat", n=N_REQ, rate=AT["chat"], seed=SEEDS[0])
+flat = tune.summaries([(wl1, {**SIM, "preset": p, **vllm_knobs}) for p in PRESET_NAMES], slo=SLO, trim=0.1, processes=2)
+print({p: f"SLO met {s['slo_attainment']:.0%}, TTFT p99 {s['ttft_p99']:.2f} s" for p, s in zip(PRESET_NAMES, flat)})
+assert all(s == res["chat", AT["chat"], "vllm", SEEDS[0]] for s in flat), "equal knobs, equal results"
+
+# %% [markdown]
+# 四个“品牌”、同一组旋钮，四份结果的每一个字段都相同。横评一个框架，比较的其实是它的默认值；默认值可以改，
+# 所以“vLLM 比 TensorRT-LLM 的 TTFT 尾部低”的准确说法是“乐观准入比最坏情况预留的 TTFT 尾部低，代价是抢占”。
+#
+# ## 20.7 在真实的 tiny 模型上：四种预设，同样的 Token
+#
+# 预设只改变**什么时候**算，不改变**算出什么**。用嵌入的 tiny 模型生成 6 个长度不同的提示词，四种预设各跑一次；
+# 再把 KV 池压到 14 个块（每块 8 Token）、预算 24 Token，让分块、块取整和（乐观准入下的）抢占都发生，再各跑一次。
+# 贪心输出必须与默认引擎逐 Token 相同：
+
+# %% tags=["nbval-check-output"]
+torch.set_num_threads(1)
+rng = np.random.default_rng(20)
+prompts = [[int(t) for t in rng.integers(3, 1000, n)] for n in (1, 15, 16, 17, 45, 100)]
+greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+SQUEEZE = {"num_kv_blocks": 14, "block_size": 8, "max_num_batched_tokens": 24, "enable_chunked_prefill": True,
+           "max_num_seqs": 6}
+reference = [o.outputs[0].token_ids for o in LLM("tiny").generate(prompts, greedy)]
+tiny_pre = {}
+for p in PRESET_NAMES:
+    for variant, extra in (("as is", {}), ("squeezed", SQUEEZE)):
+        outs = LLM("tiny", preset=p, **extra).generate(prompts, greedy)
+        same_tokens = [o.outputs[0].token_ids for o in outs] == reference
+        tiny_pre[p, variant] = sum(o.metrics.num_preemptions for o in outs)
+        print(f"{p:<7} {variant:<9} identical to the default engine: {same_tokens}; preemptions: {tiny_pre[p, variant]}")
+        assert same_tokens, "greedy outputs must not depend on the preset"
+assert tiny_pre["vllm", "squeezed"] > 0 and sum(tiny_pre.values()) == tiny_pre["vllm", "squeezed"], \
+    "the prose says only the optimistic vLLM preset preempts in the squeezed pool"
+
+# %% [markdown]
+# 八次运行的输出都与默认引擎逐 Token 相同。压缩 KV 池之后只有 vLLM 预设抢占了（{{tiny_pre["vllm", "squeezed"]}} 次）：
+# 它的准入是乐观的；SGLang 的估计预留、TensorRT-LLM 与 TGI 的最坏情况预留在这个小池里都没有抢占——与 20.5 节的准入规则一致。
+# 被抢占的请求重算之后，Token 一个也没变。
+#
+# ## 20.8 动手：换负载、换到达率
+#
+# 控件对选定的负载与到达率（种子 1）把四个预设各跑一次，画出 TTFT 与 TPOT 的分布（每个请求一个点，按大小排序），并打印达成率。
+# 试试 chat 从 2.5 到 4.5 req/s：两组在哪个到达率开始分开？rag 上它们何时分开？
+
+# %% tags=["nbval-ignore-output"]
+_cache = {}
+
+
+def explore(workload="chat", rate=3.5):
+    key = (workload, rate)
+    if key not in _cache:
+        wl = load_workload(workload, n=N_REQ, rate=rate, seed=SEEDS[0])
+        _cache[key] = tune.summaries([(wl, {**SIM, "preset": p}) for p in PRESET_NAMES], slo=SLO, processes=2)
+    sums = dict(zip(PRESET_NAMES, _cache[key]))
+    _fig, axes = plt.subplots(1, 3, figsize=(11, 2.8))
+    xs = np.arange(len(PRESET_NAMES))
+    for ax, (k, name, sc) in zip(axes, (("ttft_p99", "p99 TTFT (s)", 1), ("tpot_p99", "p99 TPOT (ms)", 1e3),
+                                         ("slo_attainment", "SLO met (%)", 100))):
+        ax.bar(xs, [sums[p][k] * sc for p in PRESET_NAMES], color=[COLORS[p] for p in PRESET_NAMES])
+        ax.set_xticks(xs, PRESET_NAMES)
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylabel(f"{workload} @ {rate:g} req/s")
+    plt.show()
+    print({p: f"{sums[p]['num_preemptions']} preemptions, {sums[p]['mean_batch_size']:.1f} running" for p in PRESET_NAMES})
+
+
+W.interact(explore, workload=W.Dropdown(options=["chat", "rag"], value="chat"),
+           rate=W.SelectionSlider(options=[1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5], value=3.5, continuous_update=False,
+                                  description="req/s"));
+
+# %% [markdown]
+# ## 本章小结
+#
+# - 四个框架的调度默认值，归结为准入（乐观 / 按估计预留 / 按最坏情况预留）、分块与 Token 预算、路由器与并发上限几类旋钮；
+#   每一项都有版本与源文件（vLLM v0.11.0、SGLang v0.5.3、TensorRT-LLM 1.x、TGI v3.3.7），换模型或 GPU 时默认值会变。
+# - 在 Llama-2-13B / A100-80G 的 chat 负载上，准入把四者分成两组：vLLM 与 SGLang 的 TTFT 尾部低、容量高，vLLM 会抢占，
+#   SGLang 的估计预留几乎不抢占；TensorRT-LLM 与 TGI 预留到结束，从不抢占、TPOT 尾部低，但排队让 TTFT 尾部高、容量低。
+#   吞吐几乎相同。在预填充为主的 rag 负载上四者几乎重合。
+# - 一次改一个旋钮就能把一个框架的结果变成另一个的；旋钮全部拉平后结果逐项相同——比较的是默认值，不是品牌。
+# - 预设只改变计算的先后：tiny 模型上四种预设的贪心输出逐 Token 相同。
+#
+# 第三阶段从第 21 章开始：长尾请求与队头阻塞。
+#
+# ## 练习
+#
+# 1. **`vllm serve` 与 `LLM` 类。** vLLM v0.11.0 在 A100 上 `vllm serve` 的 Token 预算是 2048（20.1 节）。用
+#    `{"preset": "vllm", "max_num_batched_tokens": 2048}` 重做 rag 一行，p99 TTFT 与 TPOT 怎样变？为什么对 rag 比对 chat 更明显？
+# 2. **TGI 不分块时。** `{"preset": "tgi", "enable_chunked_prefill": False}` 让 `max_waiting_tokens` 与 `waiting_served_ratio` 生效
+#    （第 16 章）。在 chat 3.5 req/s 上比较 p99 TPOT 与 TTFT；再把 `waiting_served_ratio` 改成 1.2 看看。
+# 3. **TensorRT-LLM 的 `MAX_UTILIZATION`。** `capacity_scheduler_policy="MAX_UTILIZATION"`（TensorRT-LLM 的名字，minibatch 接受为
+#    `admission` 的别名）下，TensorRT-LLM 预设的抢占次数与 vLLM 相比如何？`trtllm` 策略从运行顺序的哪一端挑被暂停的请求？
+# 4. **换一块 GPU。** 把 `SIM` 的 `hardware` 改成 `"a100-40g"`（KV 池只有约三分之一）。按 20.1 节的出处，哪些框架的默认值会跟着变？
+#    预设没有跟着变（它固定在 A100-80GB 的档位），你需要显式改哪些选项才能代表 A100-40GB 上的 SGLang？两组的差距变大还是变小？
+# 5. **`max_tokens` 大于真实输出。** 设一个请求提示词 $p$ = 1,000、真实输出 $o$ = 200、客户端给的 `max_tokens` $m$ = 1,024，块大小 16。
+#    最坏情况预留占多少块？比按真实输出预留多多少？池里有 3,830 块（A100-80G 上 13B 的池），最坏情况预留最多能同时运行多少个这样的请求，
+#    按真实长度预留又是多少？
+#
+# <details><summary>提示与参考答案</summary>
+#
+# 1. 预算 2048 时，rag 的一个 2k–4k 提示词要分两步以上，TTFT 变长；同一步里夹带的预填充少了，正在解码的请求的 TPOT 尾部变低。
+#    chat 的提示词大多小于 2048，一步就能算完，影响小。
+# 2. 不分块时 TGI 每次预填充单独成一步（正在运行的批暂停），凑不够 `waiting_served_ratio` × 运行数时新请求要等
+#    `max_waiting_tokens` 步；ratio 越大越倾向于攒一批再预填充，TTFT 变长、生成停顿变少。
+# 3. `MAX_UTILIZATION` 时 TensorRT-LLM 预设与 vLLM 一样乐观，也会抢占（暂停）；`trtllm` 策略按到达顺序排列，从末尾（最晚到达、
+#    已开始的请求）挑暂停对象，与 vLLM 的 `self.running.pop()` 相同（第 12、15 章）。
+# 4. SGLang 的 `chunked_prefill_size`（35–60 GiB 依版本 4096 或 8192）会变；vLLM 不变（A100 不论显存都取小的默认值）；
+#    TGI 的预填充预算还可能被它按显存算出的上限截小（`vram_maximum`）；
+#    要代表 A100-40GB 上较新的 SGLang，显式给 `max_num_batched_tokens=4096`。池小了，预留的代价更大，两组的差距一般变大。
+# 5. $\lceil (1000+1024)/16 \rceil = 127$ 块，按真实输出 $\lceil 1200/16 \rceil = 75$ 块，多 52 块（69%）；3,830 块能同时放
+#    $\lfloor 3830/127 \rfloor = 30$ 个，按真实长度是 $\lfloor 3830/75 \rfloor = 51$ 个。本章的模拟用的是后者（`max_tokens` 等于真实输出），
+#    所以它低估了最坏情况预留在真实部署里的代价。
+#
+# </details>
+#
+# **本章引用**：vLLM v0.11.0（`vllm/engine/arg_utils.py`、`vllm/platforms/cuda.py`、`vllm/v1/core/sched/scheduler.py`）；
+# SGLang v0.5.3（`python/sglang/srt/server_args.py`、`managers/schedule_policy.py`、`managers/scheduler.py`）与
+# SGLang 论文（Zheng et al., NeurIPS'24, arXiv:2312.07104）；TensorRT-LLM 1.x（`tensorrt_llm/llmapi/llm_args.py`、
+# `cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`、`microBatchScheduler.cpp`）；TGI v3.3.7（`launcher/src/main.rs`、
+# `backends/v3/src/backend.rs`、`backends/v3/src/queue.rs`、`server/text_generation_server/models/globals.py`）。
