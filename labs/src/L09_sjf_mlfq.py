@@ -461,7 +461,8 @@ for trial in range(12):
         (f"{params}, max_num_seqs {slots}, workload seed {100 + trial}: your steps differ from MLFQPolicy's from step {where} "
          f"(demotions {mine_p.num_demotions} vs {ref_p.num_demotions}, promotions {mine_p.num_promotions} vs {ref_p.num_promotions})")
     assert (mine_p.num_demotions, mine_p.num_promotions) == (ref_p.num_demotions, ref_p.num_promotions), \
-        f"{params}: demotions and promotions ({ref_p.num_demotions}, {ref_p.num_promotions}), yours ({mine_p.num_demotions}, {mine_p.num_promotions})"
+        (f"{params}: MLFQPolicy's demotions and promotions ({ref_p.num_demotions}, {ref_p.num_promotions}), "
+         f"yours ({mine_p.num_demotions}, {mine_p.num_promotions}); only a request below level 0 is promoted")
     promoted += ref_p.num_promotions > 0
 print(f"12 random workloads and parameter sets ({promoted} with starvation promotions): the same steps as MLFQPolicy")
 
@@ -527,7 +528,7 @@ assert all(m["chat_p99"] > 0.5 * fcfs["chat_p99"] for name, m in base.items() if
 # 所以不要按这一个负载调参数，也不要按 `request_id` 认请求。
 #
 # 可以用的信息：`state.running`、`state.waiting`、`state.now`，每个请求的 `sampling_params.max_tokens`（先知长度）、`num_output_tokens`、
-# `arrival_time`、`num_prompt_tokens`、`policy_state`；可以设 `preemptive = True`，可以实现 `on_step`。
+# `arrival_time`、`num_prompt_tokens`、`policy_state`；可以在 `__init__` 里设 `self.preemptive = True`，可以实现 `on_step`。
 
 # %% tags=["task:5"]
 class MyPolicy(Policy):
@@ -535,21 +536,26 @@ class MyPolicy(Policy):
 
     name = "l09_mine"
 
-    ### BEGIN SOLUTION
-    # Shortest remaining output first over running and waiting requests alike (SRPT): a chat request
-    # that arrives while the batch holds the slots pauses a batch request at the next step. Aging
-    # (20 tokens per second since arrival) lets a batch request that has waited long enough run ahead
-    # of new chat requests, which bounds how long the batch can be held back.
-    preemptive = True
-    aging_tokens_per_s = 20.0
+    def __init__(self):
+        # Your knobs. self.preemptive = True lets a waiting request that your order ranks above a running
+        # one pause it (it keeps its KV); the default, False, puts every running request first.
+        ### BEGIN SOLUTION
+        self.preemptive = True
+        self.aging_tokens_per_s = 20.0
+        ### END SOLUTION
 
     def schedule_order(self, state: SchedulerState) -> list[Request]:
+        ### BEGIN SOLUTION
+        # Shortest remaining output first over running and waiting requests alike (SRPT): a chat request
+        # that arrives while the batch holds the slots pauses a batch request at the next step. Aging
+        # (20 tokens per second since arrival) lets a batch request that has waited long enough run ahead
+        # of new chat requests, which bounds how long the batch can be held back.
         def key(r: Request):
             left = max(0, r.sampling_params.max_tokens - r.num_output_tokens)
             return (left - self.aging_tokens_per_s * max(0.0, state.now - r.arrival_time), r.arrival_time)
 
         return sorted(state.running + state.waiting, key=key)
-    ### END SOLUTION
+        ### END SOLUTION
 
 # %% tags=["check:5", "nbval-ignore-output"]
 FORBIDDEN = (SJFPolicy, MLFQPolicy)
