@@ -181,9 +181,9 @@ print("500 random replica states: a valid position, least loaded, ties to the lo
 # 只有一个候选时返回 0。
 #
 # 它为什么有效：$n$ 个副本按负载从轻到重排第 $k$ 的那个被选中，当且仅当它被抽中、而另一个比它重，概率是
-# $P_k = (n-k)/\binom{n}{2}$。最重的那个永远不会被选中，最轻的那个以 $2/n$ 的概率被选中；而在 $n$ 个队列的排队模型里，
-# 最长队列的长度从随机分配的 $\Theta(\log n / \log\log n)$ 降到 $\Theta(\log\log n)$（Mitzenmacher, *The Power of Two Choices in
-# Randomized Load Balancing*, 2001）。
+# $P_k = (n-k)/\binom{n}{2}$。最重的那个永远不会被选中，最轻的那个以 $2/n$ 的概率被选中。把 $n$ 个球依次放进 $n$ 个箱子时，
+# 最满的箱子从随机放的 $\Theta(\log n / \log\log n)$ 个降到 $\Theta(\log\log n)$ 个（Azar, Broder, Karlin, Upfal, STOC'94）；
+# Mitzenmacher（*The Power of Two Choices in Randomized Load Balancing*, IEEE TPDS 2001）证明了排队模型里同样指数级的改进。
 
 # %% tags=["task:2"]
 @register
@@ -547,20 +547,20 @@ class MyRouter(Router):
 
     name = "l10_mine"
 
-    ### BEGIN SOLUTION
-    # Estimated cost of joining a replica, in "queued request" units: the requests waiting there (each
-    # delays this one's first token by a prefill), a little for the running ones (they slow every step),
-    # and this request's own prefill, the prompt tokens the replica's cache does not hold, at 512
-    # tokens per unit. The cheapest replica wins; ties to the lowest position.
-    wait_weight, run_weight, tokens_per_unit = 2.0, 0.1, 512
+    def choose(self, request, replicas: list[ReplicaView], now: float) -> int:
+        ### BEGIN SOLUTION
+        # Estimated cost of joining a replica, in "queued request" units: the requests waiting there (each
+        # delays this one's first token by a prefill), a little for the running ones (they slow every step),
+        # and this request's own prefill, the prompt tokens the replica's cache does not hold, at 512
+        # tokens per unit. The cheapest replica wins; ties to the lowest position.
+        wait_weight, run_weight, tokens_per_unit = 2.0, 0.1, 512
 
-    def choose(self, request, replicas, now):
-        def cost(v):
+        def cost(v: ReplicaView) -> float:
             uncached = request.prompt_len - min(v.cached_prefix_tokens, request.prompt_len)
-            return self.wait_weight * v.num_waiting + self.run_weight * v.num_running + uncached / self.tokens_per_unit
+            return wait_weight * v.num_waiting + run_weight * v.num_running + uncached / tokens_per_unit
 
         return min(range(len(replicas)), key=lambda i: (cost(replicas[i]), i))
-    ### END SOLUTION
+        ### END SOLUTION
 
 # %% tags=["check:5", "nbval-ignore-output"]
 FORBIDDEN = (PrefixAware, KVAware)
