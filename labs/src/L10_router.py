@@ -212,7 +212,8 @@ assert PowerOfTwoChoices(seed=0).choose(req(), [V(3, 5)], 0.0) == 0, "one candid
 heavy = [V(0, 1), V(1, 1), V(2, 50), V(3, 1)]
 p2c = PowerOfTwoChoices(seed=0)
 picks = [p2c.choose(req(), heavy, 0.0) for _ in range(300)]
-assert set(picks) <= {0, 1, 3} and 2 not in picks, "the unique most loaded replica (position 2) is never chosen"
+assert set(picks) <= {0, 1, 3} and 2 not in picks, \
+    "the unique most loaded replica (position 2) is never chosen: it loses to any other, if the two draws are distinct"
 states = [random_views(random.Random(s), n=5) for s in range(60)]
 p3, q3, p4 = PowerOfTwoChoices(seed=3), PowerOfTwoChoices(seed=3), PowerOfTwoChoices(seed=4)
 first = [p3.choose(req(), v, 0.0) for v in states]
