@@ -40,8 +40,11 @@ course: setup
 open-course:
 	$(COURSE)
 
+# Test files (a notebook is one file) are spread over TEST_WORKERS processes (pytest-xdist);
+# --dist loadfile keeps each file, so each notebook's cells and each module's fixtures, in one.
+TEST_WORKERS ?= 2
 test: setup $(VENV)/.installed-book
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 # The chapters and labs as a static HTML site in _build/book/ (stored outputs, nothing executed).
 book: setup $(VENV)/.installed-book

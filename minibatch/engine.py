@@ -22,7 +22,7 @@ from minibatch.timeline import StepRecord
 from minibatch.request import Request, RequestOutput, RequestStatus
 from minibatch.sampling_params import SamplingParams
 from minibatch.scheduler import Scheduler
-from minibatch.tokenizer import IncrementalDetokenizer, load_tokenizer
+from minibatch.tokenizer import IncrementalDetokenizer, decode_output, load_tokenizer, prompt_context
 
 
 class LLMEngine:
@@ -289,7 +289,8 @@ class LLMEngine:
         if self.tokenizer is not None and (p.stop or self.stream_text):
             detok = self._detok.get(req.request_id)
             if detok is None:
-                detok = self._detok[req.request_id] = IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens)
+                detok = self._detok[req.request_id] = IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens,
+                                                                             req.prompt_token_ids)
             detok.push(token)
             req.output_text = detok.text
             if status is None and p.stop:
@@ -318,14 +319,16 @@ class LLMEngine:
         self._emit("abort" if status is RequestStatus.FINISHED_ABORTED else "finish", req, reason=status.value)
 
     def final_text(self, req: Request) -> str:
-        """A full decode of the output (the incremental one may still hold back a partial
-        character). A request stopped by EOS or a stop token id leaves that token out
-        unless ``include_stop_str_in_output`` (vLLM's detokenizer does the same)."""
+        """A full decode of the output after the prompt's last tokens (the incremental one may
+        still hold back a partial character; :func:`minibatch.tokenizer.decode_output`). A
+        request stopped by EOS or a stop token id leaves that token out unless
+        ``include_stop_str_in_output`` (vLLM's detokenizer does the same)."""
         p = req.sampling_params
         ids = req.output_token_ids
         if req.status is RequestStatus.FINISHED_STOPPED and not p.include_stop_str_in_output:
             ids = ids[:-1]
-        return self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens)
+        context = prompt_context(self.tokenizer, req.prompt_token_ids, p.skip_special_tokens)
+        return decode_output(self.tokenizer, ids, context, p.skip_special_tokens)
 
     def reject(self, prompt, params, error: str, request_id: str | None = None,
                arrival_time: float | None = None) -> Request:

@@ -90,16 +90,15 @@ class RadixTree:
     def insert(self, tokens, blocks: list[int]) -> list[int]:
         """Index ``blocks`` as holding ``tokens`` (block ``i`` holds block ``i``'s tokens).
 
-        The part of the path already in the tree keeps its blocks; the rest is added.
-        Returns the block ids that were added.
+        The part of the path already in the tree keeps its blocks; the rest is added as one
+        run (one edge grown or one new leaf, so inserting ``n`` blocks costs O(n), not the
+        O(n^2) of adding them one at a time). Returns the block ids that were added.
         """
         have = self.match_prefix(tokens, max_blocks=len(blocks))
-        parent = have[-1] if have else None
-        added = []
-        for i in range(len(have), len(blocks)):
-            self.add(parent, self._chunk(tokens, i), blocks[i])
-            added.append(blocks[i])
-            parent = blocks[i]
+        added = list(blocks[len(have):])
+        if added:
+            bs = self.block_size
+            self._attach(have[-1] if have else None, tuple(tokens[len(have) * bs:len(blocks) * bs]), added)
         return added
 
     def add(self, parent_block: int | None, tokens: tuple, block_id: int) -> None:
@@ -108,26 +107,32 @@ class RadixTree:
         If the parent ends a leaf edge the edge simply grows (path compression); if it
         sits inside an edge, the edge is split after it first.
         """
-        if block_id in self._where:
-            raise ValueError(f"block {block_id} is already in the radix tree")
-        tokens = tuple(tokens)
+        self._attach(parent_block, tuple(tokens), [block_id])
+
+    def _attach(self, parent_block: int | None, key: tuple, blocks: list[int]) -> None:
+        """Hang the run ``blocks`` (holding ``key``, ``block_size`` tokens each) below ``parent_block``."""
+        for b in blocks:
+            if b in self._where:
+                raise ValueError(f"block {b} is already in the radix tree")
         if parent_block is None:
             node = self.root
         else:
             node = self._where[parent_block]
-            j = node.blocks.index(parent_block)
-            if j < len(node.blocks) - 1:
-                self._split(node, j + 1)
+            if node.blocks[-1] != parent_block:                   # inside the edge: split after it
+                self._split(node, node.blocks.index(parent_block) + 1)
             if not node.children and node is not self.root:      # extend the leaf's edge
-                node.key += tokens
-                node.blocks.append(block_id)
-                self._where[block_id] = node
+                node.key += key
+                node.blocks += blocks
+                for b in blocks:
+                    self._where[b] = node
                 return
-        if tokens in node.children:
+        first = key[:self.block_size]
+        if first in node.children:
             raise ValueError("that prefix is already cached under another block")
-        leaf = RadixNode(tokens, [block_id], node)
-        node.children[tokens] = leaf
-        self._where[block_id] = leaf
+        leaf = RadixNode(key, blocks, node)
+        node.children[first] = leaf
+        for b in blocks:
+            self._where[b] = leaf
 
     def _split(self, node: RadixNode, j: int) -> None:
         """Cut ``node``'s edge before its block ``j``: the tail becomes its only child."""

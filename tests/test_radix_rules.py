@@ -8,6 +8,8 @@ the errors of ``add``, membership, and the structural checker on corrupted trees
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minibatch.radix import RadixTree
 
@@ -142,3 +144,35 @@ def test_a_second_block_for_a_cached_prefix_is_refused_with_exactly_that_message
     t = one_edge()
     with pytest.raises(ValueError, match=r"^that prefix is already cached under another block$"):
         t.add(None, (1, 2), 99)
+
+
+def _shape(t: RadixTree):
+    """A tree as nested ``(key, blocks, {first: child})`` tuples, for comparing two trees."""
+    def walk(n):
+        return (n.key, tuple(n.blocks), tuple(sorted((k, walk(c)) for k, c in n.children.items())))
+    return walk(t.root)
+
+
+@given(st.lists(st.lists(st.integers(0, 2), min_size=0, max_size=12), min_size=1, max_size=8))
+@settings(max_examples=200, deadline=None)
+def test_insert_as_one_run_builds_the_tree_that_adding_block_by_block_builds(prompts):
+    """``insert`` hangs the new blocks as one run; ``add`` one block at a time (the engine's
+    feed) must give the same tree, the same answers and the same errors, edge splits included.
+    Token values 0-2 over block size 2 make shared prefixes and mid-edge splits common."""
+    runs, steps = RadixTree(block_size=2), RadixTree(block_size=2)
+    next_id = 0
+    for tokens in prompts:
+        n = len(tokens) // 2
+        blocks = list(range(next_id, next_id + n))
+        next_id += n
+        added = runs.insert(tokens, blocks)
+        have = steps.match_prefix(tokens, max_blocks=n)
+        parent = have[-1] if have else None
+        for i in range(len(have), n):
+            steps.add(parent, tuple(tokens[2 * i:2 * i + 2]), blocks[i])
+            parent = blocks[i]
+        assert added == blocks[len(have):], "insert returns exactly the blocks it added"
+        runs.check()
+        assert _shape(runs) == _shape(steps), f"trees differ after inserting {tokens}"
+        for q in prompts:
+            assert runs.match_prefix(q) == steps.match_prefix(q)

@@ -15,7 +15,10 @@ replicas with Ray Serve's rule (``minibatch.cluster.autoscaler``); ``migration=T
 (Llumnix-style, ``minibatch.cluster.migration``); ``disaggregation=Disaggregation(prefill=P, decode=D,
 link_gbps=...)`` prefills on P replicas and decodes on D others, the prompt's KV blocks sent over a
 link in between (DistServe, ``minibatch.cluster.disagg``; ``goodput_per_gpu`` is its figure of
-merit); ``ClusterResult.requests`` holds every record (each with
+merit); ``failures=[ReplicaFailure(replica, at_s)]`` kills replicas mid-run and re-dispatches what
+they held (``minibatch.cluster.failures``); several models sharing one GPU (memory partitioning,
+time-slicing) and placements of models over GPUs are ``minibatch.cluster.multimodel.run``;
+``ClusterResult.requests`` holds every record (each with
 ``.replica``), ``ClusterResult.replicas`` one ``RunResult`` per replica. How the event loop
 keeps N replicas' time apart: ``minibatch.cluster.runner``; the routers and where each
 rule comes from: ``minibatch.cluster.routers``.
@@ -39,9 +42,10 @@ list of views::
 from minibatch.cluster import routers
 from minibatch.cluster.autoscaler import Autoscaler
 from minibatch.cluster.disagg import Disaggregation, goodput_per_gpu
+from minibatch.cluster.failures import ReplicaFailure
 from minibatch.cluster.migration import Migration
 from minibatch.cluster.replica import Replica, ReplicaView
 from minibatch.cluster.routers import Router, available, register
 from minibatch.cluster.runner import ClusterResult, run
 
-__all__ = ["Autoscaler", "ClusterResult", "Disaggregation", "Migration", "Replica", "ReplicaView", "Router", "available", "goodput_per_gpu", "register", "routers", "run"]
+__all__ = ["Autoscaler", "ClusterResult", "Disaggregation", "Migration", "Replica", "ReplicaFailure", "ReplicaView", "Router", "available", "goodput_per_gpu", "register", "routers", "run"]

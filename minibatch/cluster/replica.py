@@ -121,8 +121,12 @@ class Replica:
         """Bookkeeping after the loop handed request ``rid`` to this engine at ``now``
         (``queued=False``: the engine rejected it, so it adds no load)."""
         self.ids.append(rid)
-        if not queued:
-            return
+        if queued:
+            self.enqueued(num_tokens, now)
+
+    def enqueued(self, num_tokens: int, now: float) -> None:
+        """A request of ``num_tokens`` tokens joined this engine's queue at ``now`` (routed here,
+        or re-dispatched from a replica that died, ``minibatch.cluster.failures``)."""
         self.blocked_until = None
         if self.busy(now):
             a = self._added

@@ -108,7 +108,7 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         hardware: str | None = None, *, models=None, router_kwargs: dict | None = None,
         engines: list[LLMEngine] | None = None, keep_tokens: bool | None = None,
         on_step: Callable | None = None, clock: str = "virtual", autoscaler=None,
-        migration=None, disaggregation=None, **engine_kwargs) -> ClusterResult:
+        migration=None, disaggregation=None, failures=None, **engine_kwargs) -> ClusterResult:
     """Replay ``workload`` on ``replicas`` engines behind ``router``; return a :class:`ClusterResult`.
 
     ``router`` is a registered name (``minibatch.cluster.routers.available()``), a
@@ -133,6 +133,9 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
     a prefilled request's KV blocks go over the link to a decode replica
     (DistServe, ``minibatch.cluster.disagg``); ``replicas`` is then ignored and ``engines``, if
     given, are the P prefill engines followed by the D decode engines.
+    ``failures`` (a list of :class:`~minibatch.cluster.failures.ReplicaFailure`) kills replicas
+    mid-run; what a dead replica held is re-dispatched through the router to live ones
+    (``minibatch.cluster.failures``).
     """
     if clock != "virtual":
         raise ValueError(f"minibatch.cluster.run replays under the virtual clock only, got clock={clock!r}")
@@ -172,6 +175,12 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         from minibatch.cluster.disagg import Disaggregator
         pd = Disaggregator(dis, reps[:dis.prefill], reps[dis.prefill:])
     rt = _routers.get(router, **(router_kwargs or {}))
+    fo = None
+    if failures:
+        if dis is not None or migration:
+            raise ValueError("failures= goes with neither migration= nor disaggregation=")
+        from minibatch.cluster.failures import Failover
+        fo = Failover(failures, len(reps))
     by_model: dict[str, list[Replica]] = {}
     for r in reps:
         by_model.setdefault(r.model, []).append(r)
@@ -184,6 +193,7 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         from minibatch.workload import Workload
         specs = list(Workload(specs).materialize(ref.vocab_size or 32000, seed=ref.config.seed))
     specs = sorted(specs, key=lambda s: s.arrival_time)
+    spec_of: dict = {}                   # request id -> its spec (a re-dispatch routes it again)
     if keep_tokens is None:
         keep_tokens = any(e.config.executor == "model" for e in engines)
 
@@ -195,7 +205,7 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         candidates = reps if spec.model is None else by_model.get(spec.model, [])
         if pd is not None:
             candidates = [r for r in candidates if r in pd.prefill]
-        if scaler is not None:
+        if scaler is not None or fo is not None:
             candidates = [r for r in candidates if r.serving(now)]
         if not candidates:
             served = sorted(by_model)
@@ -226,6 +236,7 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
             queued = False
         rep.admitted(rid, len(prompt), now, queued)
         order.append((rid, rep))
+        spec_of[rid] = spec
 
     t_first = specs[0].arrival_time if specs else 0.0
     for r in reps:
@@ -313,15 +324,20 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         t_rep = nxt.next_event_time()
         t_move = mig.next_event() if mig is not None else inf
         t_xfer = pd.next_event() if pd is not None else inf
+        t_fail = fo.next_event() if fo is not None else inf
         # The periodic decisions run while something is still due (an arrival, a step, a move's
         # stage); once nothing is, they could not make a stuck replica progress.
         due = bool(pending) or t_rep < inf or t_move < inf or t_xfer < inf
         t_tick = next_tick if due else inf
         t_mtick = mig.next_tick if mig is not None and due else inf
-        t_next = min(t_rep, t_tick, t_move, t_mtick, t_xfer)
+        t_fail = t_fail if due else inf
+        t_next = min(t_rep, t_tick, t_move, t_mtick, t_xfer, t_fail)
         if pending and pending[0].arrival_time <= t_next + _EPS:
             spec = pending.popleft()
             route(spec, spec.arrival_time)
+            continue
+        if t_fail <= t_next and t_fail < inf:
+            fo.fire(reps, rt, spec_of, t_fail)
             continue
         if t_tick <= t_next and t_tick < inf:
             tick(t_tick)
@@ -371,6 +387,8 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
                 rep = mig.moved_to.get(rid, rep)      # where it finished
             if pd is not None:
                 rep = pd.moved_to.get(rid, rep)
+            if fo is not None:
+                rep = fo.moved_to.get(rid, rep)
             rec = RequestRecord.of(rep.engine.requests[rid], keep_tokens=keep_tokens)
             rec.replica = rep.index
             rec.model = specs[i].model
@@ -385,6 +403,9 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         extra["kv_transfer_bytes"] = mig.kv_transfer_bytes
         extra["migration_log"] = mig.log
         extra["migrations_abandoned"] = mig.abandoned
+    if fo is not None:
+        extra["failures"] = fo.log
+        extra["redispatched"] = fo.redispatched
     from minibatch.cluster.disagg import gpus_of
     extra["gpus"] = sum(gpus_of(r.engine) for r in reps)
     if pd is not None:

@@ -212,6 +212,23 @@ def choose_split(num_seqs: int, num_kv_heads: int, max_context_tokens: int, devi
     return max_context_tokens > partition_size and num_seqs * num_kv_heads < num_sms(device)
 
 
+def split_partitions(max_context_tokens: int, partition_size: int = DEFAULT_PARTITION_SIZE) -> tuple[int, int]:
+    """``(partition_size, num_partitions)`` of a split-KV launch over ``max_context_tokens``.
+
+    Partitions of ``partition_size`` tokens, doubled until at most :data:`MAX_PARTITIONS`
+    cover the context, so that the reduce kernel merges one head's partials in a single
+    tile of ``next_power_of_2(num_partitions)`` rows::
+
+        P = partition_size * 2**k,   k = min{k >= 0 : ceil(T / (partition_size * 2**k)) <= MAX_PARTITIONS}
+        num_partitions = ceil(T / P)
+    """
+    if partition_size < 1:
+        raise ValueError(f"partition_size must be >= 1, got {partition_size}")
+    while triton.cdiv(max_context_tokens, partition_size) > MAX_PARTITIONS:
+        partition_size *= 2
+    return partition_size, triton.cdiv(max_context_tokens, partition_size)
+
+
 def _decode_config(head_dim: int, dtype: torch.dtype) -> dict:
     """Tile size and launch parameters (untuned defaults; see benchmarks/kernels.py --sweep)."""
     if interpreting():
@@ -267,9 +284,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     num_parts = 1
     if split_kv:
         # Keep the reduce kernel's tile small: longer contexts get larger partitions.
-        while triton.cdiv(max_tokens, partition_size) > MAX_PARTITIONS:
-            partition_size *= 2
-        num_parts = triton.cdiv(max_tokens, partition_size)
+        partition_size, num_parts = split_partitions(max_tokens, partition_size)
     if partition_size % block_n:
         raise ValueError(f"partition_size ({partition_size}) must be a multiple of block_n ({block_n})")
 

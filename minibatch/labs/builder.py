@@ -41,7 +41,8 @@ KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "langua
 
 
 def read_notebook(path: str | Path) -> nbformat.NotebookNode:
-    """The unexecuted notebook of a percent-format source: its cells, each with its tags only;
+    """The unexecuted notebook of a percent-format source: its cells, each with its tags (and
+    JupyterLab's ``jupyter`` display flags, e.g. a collapsed ``source_hidden`` cell) only;
     in Markdown cells, lines wrapped between two Chinese characters are joined."""
     import jupytext
 
@@ -54,6 +55,8 @@ def read_notebook(path: str | Path) -> nbformat.NotebookNode:
             cell = new_code_cell(c.source)
         if c.metadata.get("tags"):
             cell.metadata["tags"] = list(c.metadata["tags"])
+        if c.metadata.get("jupyter"):
+            cell.metadata["jupyter"] = dict(c.metadata["jupyter"])
         cells.append(cell)
     out = new_notebook(cells=cells)
     out.metadata["kernelspec"] = dict(KERNELSPEC)

@@ -29,6 +29,7 @@ from minibatch.engine import LLMEngine
 from minibatch.request import Request, RequestStatus
 from minibatch.results import RequestRecord
 from minibatch.sampling_params import SamplingParams
+from minibatch.serving.metrics import engine_gauges
 
 logger = logging.getLogger("minibatch.serving.async_engine")
 
@@ -369,11 +370,7 @@ class AsyncEngine:
                 pass
 
     def _gauges(self) -> dict:
-        e = self.engine
-        return {"running": len(e.scheduler.running), "waiting": len(e.scheduler.waiting),
-                "kv_used_blocks": e.kv.num_used_blocks, "kv_total_blocks": e.kv.num_blocks,
-                "kv_usage": e.kv.usage, "preemptions": e.scheduler.num_preemptions,
-                "prefix_queries": e.kv.prefix_queries, "prefix_hits": e.kv.prefix_hits}
+        return engine_gauges(self.engine)
 
 
 def _describe(e: BaseException | None) -> str:

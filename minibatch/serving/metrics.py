@@ -57,6 +57,18 @@ REJECTION_REASONS = ("overload", "invalid", "unauthorized", "too_large", "timeou
 LABELS = ("model_name", "engine")
 
 
+def engine_gauges(engine) -> dict:
+    """What ``/metrics`` reads from an ``LLMEngine`` at a scrape: its gauges and cumulative counters.
+
+    The server's engine thread publishes this after every loop turn; an in-process drill
+    (``minibatch.serving.scrape``) reads it at each scrape of the engine's clock."""
+    kv, sched = engine.kv, engine.scheduler
+    return {"running": len(sched.running), "waiting": len(sched.waiting),
+            "kv_used_blocks": kv.num_used_blocks, "kv_total_blocks": kv.num_blocks,
+            "kv_usage": kv.usage, "preemptions": sched.num_preemptions,
+            "prefix_queries": kv.prefix_queries, "prefix_hits": kv.prefix_hits}
+
+
 def one_two_five_buckets(max_value: int) -> list[int]:
     """1, 2, 5, 10, 20, 50, ... up to ``max_value`` (vLLM's ``build_1_2_5_buckets``)."""
     out, scale = [], 1
@@ -183,4 +195,4 @@ class ServingMetrics:
         return generate_latest(self.registry).decode("utf-8")
 
 
-__all__ = ["ServingMetrics", "CONTENT_TYPE_LATEST", "one_two_five_buckets"]
+__all__ = ["ServingMetrics", "CONTENT_TYPE_LATEST", "engine_gauges", "one_two_five_buckets"]

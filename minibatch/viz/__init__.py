@@ -13,6 +13,7 @@
 ``diagrams.*``             drawn diagrams: request pipeline, block tables, a scheduler step
 ``radix_tree(tree)``       a radix tree (the prefix cache's, or any node with ``children``)
 ``cluster.*``              a cluster run: load per replica, routing, replicas vs rate, goodput
+``metrics_dashboard(s)``   Grafana-style panels of scraped ``/metrics`` series (vLLM's names)
 =========================  ==========================================================
 
 No function calls ``pyplot``: figures are ``matplotlib.figure.Figure`` objects, which
@@ -24,6 +25,7 @@ from minibatch.viz import cluster, diagrams
 from minibatch.viz.compare import compare_bars, latency_throughput, metric_title, summary_table
 from minibatch.viz.events import EventLog
 from minibatch.viz.kv import kv_block_map, kv_snapshot
+from minibatch.viz.metrics import metrics_dashboard
 from minibatch.viz.radix import radix_tree
 from minibatch.viz.requests import gantt, latency_cdf, preemption_spans
 from minibatch.viz.steps import batch_composition, timeline
@@ -31,7 +33,8 @@ from minibatch.viz.tables import markdown_table, md_table
 
 __all__ = ["gantt", "batch_composition", "kv_block_map", "kv_snapshot", "latency_cdf", "timeline",
            "latency_throughput", "compare_bars", "summary_table", "metric_title", "preemption_spans",
-           "EventLog", "figure_png", "md_table", "markdown_table", "diagrams", "radix_tree", "cluster"]
+           "EventLog", "figure_png", "md_table", "markdown_table", "diagrams", "radix_tree", "cluster",
+           "metrics_dashboard"]
 
 
 def figure_png(fig, dpi: int = 80) -> bytes:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minibatch.kernels.reference import paged_decode_attention_ref
 
@@ -80,6 +82,21 @@ def test_split_kv_partition_cap(device, monkeypatch):
     from minibatch.kernels import triton_decode
     monkeypatch.setattr(triton_decode, "MAX_PARTITIONS", 2)
     check_decode(device, [150, 9], 8, 4, 2, 32, split_kv=True, partition_size=32, block_n=32)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.integers(0, 10 ** 6), size=st.integers(1, 4096))
+def test_split_partitions_cover_the_context_in_at_most_max_partitions(tokens, size):
+    """The partition is the smallest power-of-two multiple of the requested size whose
+    partitions cover the context in at most MAX_PARTITIONS (one reduce tile)."""
+    from minibatch.kernels.triton_decode import MAX_PARTITIONS, split_partitions
+
+    psize, parts = split_partitions(tokens, size)
+    ratio = psize // size
+    assert psize % size == 0 and ratio & (ratio - 1) == 0
+    assert parts == -(-tokens // psize) <= MAX_PARTITIONS and parts * psize >= tokens
+    if ratio > 1:                                 # half the partition would need too many
+        assert -(-tokens // (psize // 2)) > MAX_PARTITIONS
 
 
 def test_heuristic_picks_split_for_few_long_sequences(device, monkeypatch):
