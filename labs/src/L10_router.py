@@ -5,15 +5,15 @@
 #
 # 一个模型部署成多个副本（Replica）之后，每个到达的请求都要先由**路由器**（Router）决定去哪个副本。路由器看不到副本内部，
 # 只能看到每个副本的几个数：运行中与排队的请求数、KV Cache 用量、这个请求的前缀在那个副本的缓存里能命中多少。
-# 本实验请你写出四个经典的路由规则——**最少未完成请求**（Least Outstanding Requests）、**两个随机选择**（Power of Two Choices）、
+# 本实验请你写出四个经典的路由规则——**最少请求**（Least Requests，即加入最短队列 JSQ）、**二选一**（Power of Two Choices）、
 # **会话粘滞**（Session Affinity）与 SGLang 的**缓存感知路由**（Cache-aware Routing）——每一个都由检查单元格插进 minibatch 的模拟集群
 # （`minibatch.cluster.run`，N 个引擎副本共用一个虚拟时钟）里运行；评分器还会在随机生成的副本状态上检验它们的**不变量**
-# （性质测试，Property-based Testing）。最后一道开放题：在一个共享前缀、热度不均的负载上，让 TTFT 的 p90 明显胜过 `least_requests`。
+# （属性测试，Property-based Testing）。最后一道开放题：在一个共享前缀、热度不均的负载上，让 TTFT 的 p90 明显胜过 `least_requests`。
 #
 # **学习目标**
 #
 # - 会写一个路由器：`choose(request, replicas, now)` 返回候选列表里的**位置**，只读 `ReplicaView`；
-# - 理解“两个随机选择”为什么几乎和“看遍所有副本”一样均衡，以及它的选择概率 $P(\text{第 } k \text{ 轻}) = (n-k)/\binom{n}{2}$；
+# - 理解二选一为什么几乎和“看遍所有副本”一样均衡，以及它的选择概率 $P(\text{第 } k \text{ 轻}) = (n-k)/\binom{n}{2}$；
 # - 写出会话粘滞与 SGLang 的缓存感知规则（先看是否失衡，再看最长前缀匹配是否超过阈值），并说清楚它们各自用均衡换了什么；
 # - 在负载均衡与缓存命中之间找到平衡，用稳态的 TTFT p90 评价。
 #
@@ -104,14 +104,14 @@ assert spread["random"] > spread["round_robin"], "the prose says random spreads 
 # 轮转与随机都不看负载：请求的长度不同，同样多的请求在不同副本上积下不同的工作量；随机还会连续几次选中同一个副本，
 # 负载的平均极差（{{spread['random']:.1f}}）比轮转（{{spread['round_robin']:.1f}}）更大。
 #
-# ## 任务 1 · 最少未完成请求（LeastOutstanding）
+# ## 任务 1 · 最少请求（ShortestQueue）
 #
 # 实现 `choose`：返回 `num_requests`（运行中 + 排队）最少的副本的**位置**；有几个一样少时，取位置最小的那个。
 # 这就是 sgl-router 的负载（worker 上未完成的请求数）上的“加入最短队列”（Join the Shortest Queue）。
 
 # %% tags=["task:1"]
 @register
-class LeastOutstanding(Router):
+class ShortestQueue(Router):
     """Fewest unfinished requests (running + waiting); ties to the lowest position."""
 
     name = "l10_least"
@@ -148,7 +148,7 @@ def hit(result) -> float:
 print([(v.index, v.num_requests) for v in random_views(random.Random(1))])
 
 # %% tags=["check:1"]
-r = LeastOutstanding()
+r = ShortestQueue()
 assert r.choose(req(), [V(0, 2, 1), V(1, 0, 1), V(2, 1)], 0.0) == 1, "loads 3, 1, 1: the first of the two least loaded"
 assert r.choose(req(), [V(5, 4), V(2, 1, 2), V(9, 0, 3)], 0.0) == 1, \
     "loads 4, 3, 3: position 1 (its ReplicaView.index is 2): return the position in the list, not the index"
@@ -166,7 +166,7 @@ rng = random.Random(1010)
 ref = LeastRequests()
 for trial in range(500):
     views = random_views(rng)
-    pos = LeastOutstanding().choose(req(), views, 0.0)
+    pos = ShortestQueue().choose(req(), views, 0.0)
     loads = [v.num_requests for v in views]
     assert isinstance(pos, int) and 0 <= pos < len(views), f"loads {loads}: {pos!r} is not a position in the list"
     assert loads[pos] == min(loads), f"loads {loads}: position {pos} has load {loads[pos]}, the least is {min(loads)}"
@@ -175,9 +175,9 @@ for trial in range(500):
 print("500 random replica states: a valid position, least loaded, ties to the lowest position")
 
 # %% [markdown]
-# ## 任务 2 · 两个随机选择（PowerOfTwoChoices）
+# ## 任务 2 · 二选一（PowerOfTwoChoices）
 #
-# 看遍所有副本要每次读到每个副本的负载；Mitzenmacher 的“两个随机选择”只看两个：从 `self.rng`（构造时用 `seed` 建的
+# 看遍所有副本要每次读到每个副本的负载；二选一只看两个：从 `self.rng`（构造时用 `seed` 建的
 # `random.Random`，**不要**用模块级的 `random`）里均匀地抽两个**不同**的位置，返回未完成请求少的那个；一样多时返回**先抽到**的那个；
 # 只有一个候选时返回 0。
 #
@@ -609,7 +609,7 @@ print("unseen workload seed: the threshold is met")
 # ## 小结
 #
 # - 路由器只看 `ReplicaView`，返回候选列表里的位置；它能做的决定很少，却决定了每个副本的队列与缓存。
-# - 最少未完成请求看遍所有副本；两个随机选择只看两个，最重的永远不被选中，均衡程度已接近前者——这是大规模路由器常用它的原因。
+# - 最少请求看遍所有副本；二选一只看两个，最重的永远不被选中，均衡程度已接近前者——这是大规模路由器常用它的原因。
 # - 会话粘滞与缓存感知路由用均衡换命中：同一会话、同一前缀的请求留在一个副本上。SGLang 的规则在失衡超过两个阈值时回到均衡；
 #   阈值太松时，热门前缀会压垮它的副本。
 # - 一个好的代价函数把“前面排着多少”与“自己要算多少（未命中的提示词）”放在同一个单位里比较，比分成两步的规则更容易兼顾两边。
