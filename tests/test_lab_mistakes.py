@@ -389,6 +389,127 @@ class MyCachePolicy(Policy):
 ]
 
 
+# -- L09 · SJF and MLFQ -----------------------------------------------------------------
+def edit(lab_id: str, cell: str, old: str, new: str) -> str:
+    """The key's solution of ``cell`` with ``old`` (found once) replaced by ``new``."""
+    src = reference(lab_id, cell)
+    assert src.count(old) == 1, old
+    return src.replace(old, new)
+
+
+MISTAKES += [
+    Mistake("L09", "remaining-ignores-generated", 1, "task-1", edit(
+        "L09", "task-1", "return (max(0, predicted(req) - req.num_output_tokens), req.arrival_time)",
+        "return (predicted(req), req.arrival_time)              # the predicted length is the job's length"),
+        says="has 0 left"),
+    Mistake("L09", "predictor-called-every-step", 1, "task-1", edit(
+        "L09", "task-1", '            if "l09_pred" not in req.policy_state:\n'
+                         '                req.policy_state["l09_pred"] = int(self.predictor(req))\n'
+                         '            return req.policy_state["l09_pred"]',
+        "            return int(self.predictor(req))"),
+        says="called once per request"),
+    Mistake("L09", "aging-counts-time-before-arrival", 2, "task-2", edit(
+        "L09", "task-2", "max(0.0, now - req.arrival_time)", "(now - req.arrival_time)"),
+        says="now before the arrival counts as 0 s waited"),
+    Mistake("L09", "skip-join-cost-rounded-down", 3, "task-3-4", edit(
+        "L09", "task-3-4", "math.ceil(req.num_prompt_tokens / self.prompt_tokens_per_iteration)",
+        "req.num_prompt_tokens // self.prompt_tokens_per_iteration"),
+        says="513 -> 5 needs q_1"),
+    # Right on the visible run (no request waits 10 s there); the hidden runs use short starve limits.
+    Mistake("L09", "promotes-requests-at-level-0", 4, "task-3-4", edit(
+        "L09", "task-3-4", 'elif st["l09_level"] > 0 and state.now - st["l09_served"] > self.starve_limit_s:',
+        'elif state.now - st["l09_served"] > self.starve_limit_s:'),
+        says="MLFQPolicy's", hidden_only=True),
+    Mistake("L09", "non-preemptive-sjf", 5, "task-5", '''\
+class MyPolicy(Policy):
+    """Your policy for chat traffic with a batch job of long requests."""
+
+    name = "l09_mine"
+
+    def schedule_order(self, state: SchedulerState) -> list[Request]:
+        # Shortest job first: the chat requests are short, so they go first.
+        key = lambda r: (r.sampling_params.max_tokens - r.num_output_tokens, r.arrival_time)
+        return sorted(state.running, key=key) + sorted(state.waiting, key=key)
+''', says="chat p99 E2E must be <= 50%"),
+    Mistake("L09", "one-batch-request-at-a-time", 5, "task-5", '''\
+class MyPolicy(Policy):
+    """Your policy for chat traffic with a batch job of long requests."""
+
+    name = "l09_mine"
+    preemptive = True
+
+    def schedule_order(self, state: SchedulerState) -> list[Request]:
+        # Chat first; the batch gets one slot, so it can never crowd the chat out.
+        is_long = lambda r: r.sampling_params.max_tokens > 500
+        short = sorted((r for r in state.running + state.waiting if not is_long(r)), key=lambda r: r.arrival_time)
+        batch = [r for r in state.running if is_long(r)] or [r for r in state.waiting if is_long(r)][:1]
+        return short + batch
+''', says="(starvation)"),
+    Mistake("L09", "subclasses-MLFQPolicy", 5, "task-5", '''\
+class MyPolicy(MLFQPolicy):
+    """Your policy for chat traffic with a batch job of long requests."""
+
+    name = "l09_mine"
+''', says="do not subclass SJFPolicy or MLFQPolicy"),
+]
+
+# -- L10 · routers ----------------------------------------------------------------------
+MISTAKES += [
+    Mistake("L10", "returns-the-replica-index", 1, "task-1", edit(
+        "L10", "task-1", "return min(range(len(replicas)), key=lambda i: (replicas[i].num_requests, i))",
+        "return min(replicas, key=lambda v: v.num_requests).index"),
+        says="return the position in the list, not the index"),
+    Mistake("L10", "two-draws-with-replacement", 2, "task-2", edit(
+        "L10", "task-2", "a, b = self.rng.sample(range(len(replicas)), 2)",
+        "a, b = self.rng.randrange(len(replicas)), self.rng.randrange(len(replicas))"),
+        says="if the two draws are distinct"),
+    Mistake("L10", "module-level-random", 2, "task-2", edit(
+        "L10", "task-2", "a, b = self.rng.sample(range(len(replicas)), 2)",
+        "a, b = random.sample(range(len(replicas)), 2)"),
+        says="the same seed make the same choices"),
+    # Right on every visible check (none counts the choices among equally loaded replicas);
+    # the hidden check does.
+    Mistake("L10", "tie-to-the-lower-position", 2, "task-2", edit(
+        "L10", "task-2", "return a if replicas[a].num_requests <= replicas[b].num_requests else b",
+        "return min((a, b), key=lambda i: (replicas[i].num_requests, i))"),
+        says="a tie goes to the first DRAWN", hidden_only=True),
+    Mistake("L10", "home-is-a-position", 3, "task-3", edit(
+        "L10", "task-3", "        where = {v.index: i for i, v in enumerate(replicas)}\n"
+                         "        if key in self.home and self.home[key] in where:\n"
+                         "            return where[self.home[key]]\n"
+                         "        self.home[key] = replicas[least].index",
+        "        if key in self.home and self.home[key] < len(replicas):\n"
+        "            return self.home[key]\n"
+        "        self.home[key] = least"),
+        says="return its position"),
+    Mistake("L10", "imbalanced-if-either-threshold", 4, "task-4", edit(
+        "L10", "task-4", "if hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo:",
+        "if hi - lo > self.balance_abs_threshold or hi > self.balance_rel_threshold * lo:"),
+        says="both conditions must hold"),
+    Mistake("L10", "sglang-defaults", 5, "task-5", '''\
+@register
+class MyRouter(CacheAware):
+    """Your router for shared prefixes with skewed popularity."""
+
+    name = "l10_mine"
+''', says="must be <= 65% of least_requests'"),
+    Mistake("L10", "delegates-to-PrefixAware", 5, "task-5", '''\
+@register
+class MyRouter(Router):
+    """Your router for shared prefixes with skewed popularity."""
+
+    name = "l10_mine"
+    uses_prompt_tokens = True
+
+    def __init__(self):
+        self.inner = PrefixAware(balance_abs_threshold=8, balance_rel_threshold=1.2)   # tighter balance
+
+    def choose(self, request, replicas, now):
+        return self.inner.choose(request, replicas, now)
+''', says="choose ran inside yours"),
+]
+
+
 def test_the_cases_start_from_the_reference_solutions():
     """The mistakes above edit copies of the reference solutions: those copies are the key's."""
     assert L06_PLAN.rstrip() == reference("L06", "task-1").rstrip()
@@ -397,7 +518,7 @@ def test_the_cases_start_from_the_reference_solutions():
 
 
 def test_each_lab_has_mistakes_and_one_only_hidden_checks_catch():
-    for lab in ("L05", "L06", "L07", "L08"):
+    for lab in ("L05", "L06", "L07", "L08", "L09", "L10"):
         cases = [c for c in MISTAKES if c.lab == lab]
         assert len(cases) >= 2 and any(c.hidden_only for c in cases), lab
     assert len({str(c) for c in MISTAKES}) == len(MISTAKES)

@@ -99,7 +99,7 @@ class MinibatchRequestRouter(RequestRouter):
         self.numbers: dict[ReplicaID, int] = {}
         self.in_flight: dict[ReplicaID, dict[str, int]] = {}     # internal request id -> prompt tokens
         self.routed: dict[ReplicaID, int] = {}
-        self.trees: dict[ReplicaID, routers._TokenTree] = {}
+        self.trees: dict[ReplicaID, routers.TokenTree] = {}
         self.decisions: list[tuple[str, int]] = []               # (internal request id, replica number)
 
     def number(self, replica_id: ReplicaID) -> int:
@@ -158,7 +158,7 @@ class MinibatchRequestRouter(RequestRouter):
         self.in_flight.setdefault(replica_id, {})[pending_request.metadata.internal_request_id] = len(ids)
         self.routed[replica_id] = self.routed.get(replica_id, 0) + 1
         if ids:
-            self.trees.setdefault(replica_id, routers._TokenTree()).insert(list(ids))
+            self.trees.setdefault(replica_id, routers.TokenTree()).insert(list(ids))
         self.decisions.append((pending_request.metadata.internal_request_id, self.number(replica_id)))
         del self.decisions[:-1000]
 

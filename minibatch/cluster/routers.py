@@ -195,9 +195,13 @@ class Session(Router):
 
 # -- cache-aware routers --------------------------------------------------------------
 
-class _TokenTree:
+class TokenTree:
     """What was routed to one replica: a radix tree over prompt tokens (``minibatch.radix``
-    at one token per block, a counter standing in for block ids), and its size in tokens."""
+    at one token per block, a counter standing in for block ids), and its size in tokens.
+
+    ``match(tokens)`` is the longest prefix of ``tokens`` in the tree, ``insert(tokens)`` adds
+    them, ``len(tree)`` counts the tokens held. The cache-aware routers keep one per replica
+    (lab L10 hands it to the learner's own router)."""
 
     def __init__(self):
         from minibatch.radix import RadixTree
@@ -255,12 +259,12 @@ class PrefixAware(Router):
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
-        self.trees: dict[int, _TokenTree] = {}
+        self.trees: dict[int, TokenTree] = {}
         self.last_decision: str | None = None     # "balance", "cache_hit" or "cache_miss" (tests, figures)
 
-    def tree(self, index: int) -> _TokenTree:
+    def tree(self, index: int) -> TokenTree:
         if index not in self.trees:
-            self.trees[index] = _TokenTree()
+            self.trees[index] = TokenTree()
         return self.trees[index]
 
     def is_imbalanced(self, loads: list[int]) -> bool:

@@ -323,7 +323,7 @@ class RouterState:
         self.started = time.monotonic()
         self._poller: asyncio.Task | None = None
         # kv_aware: what was sent where, to estimate each upstream's prefix-cache hit.
-        self._sent = {u.index: routers._TokenTree() for u in self.upstreams} if policy == "kv_aware" else {}
+        self._sent = {u.index: routers.TokenTree() for u in self.upstreams} if policy == "kv_aware" else {}
 
     # -- life -----------------------------------------------------------------------
     async def start(self) -> None:
