@@ -42,9 +42,13 @@ open-course:
 
 # Test files (a notebook is one file) are spread over TEST_WORKERS processes (pytest-xdist);
 # --dist loadfile keeps each file, so each notebook's cells and each module's fixtures, in one.
+# One OpenMP thread per worker: two workers already fill two cores, and with more threads than
+# free cores every parallel region waits for a thread to be scheduled (a tiny-model test took
+# 45 s with 2 threads against 17 s with 1 on a loaded machine). Kernel tests set their own.
 TEST_WORKERS ?= 2
+TEST_THREADS ?= 1
 test: setup $(VENV)/.installed-book
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 # The chapters and labs as a static HTML site in _build/book/ (stored outputs, nothing executed).
 book: setup $(VENV)/.installed-book

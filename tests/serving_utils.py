@@ -57,8 +57,9 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.25)
+        log = self.log()                 # before stop() closes the log file
         self.stop()
-        raise RuntimeError(f"server not ready after {STARTUP_TIMEOUT_S} s:\n{self.log()}")
+        raise RuntimeError(f"server not ready after {STARTUP_TIMEOUT_S} s:\n{log}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -177,3 +177,41 @@ def test_the_torch_backend_keeps_every_projection_in_torch():
     if not cpu.prepacked:
         pytest.skip("prepacked oneDNN linear not available here")
     assert cpu.model._small_m_lm_head and cpu.model.layers[0].mlp.down_proj._small_m
+
+
+@pytest.fixture
+def threads():
+    """Run the body with ``n`` torch/OpenMP threads (``make test`` gives each worker one), then restore."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_fused_ops_give_the_one_thread_answer_on_several_threads(threads, n):
+    """Every row is independent, so the parallel loops (taken above PARALLEL_MIN elements) must give
+    exactly the one-thread result; ``make test`` runs one thread per worker, so this is where the
+    parallel paths of rms_norm, silu_mul, rope, store_kv and argmax run."""
+    g = torch.Generator().manual_seed(n)
+    x, w = torch.randn(300, 256, generator=g) * 3, torch.randn(256, generator=g)
+    gu = torch.randn(64, 2 * 688, generator=g) * 4
+    qkv = torch.randn(2048, 16 * 32, generator=g)
+    cos, sin = torch.randn(4096, 16, generator=g), torch.randn(4096, 16, generator=g)
+    pos = torch.randint(0, 4096, (2048,), generator=g)
+    logits = torch.randn(64, 4096, generator=g)
+    key, value = torch.randn(300, 4, 32, generator=g), torch.randn(300, 4, 32, generator=g)
+    slots = torch.randperm(512, generator=g)[:300]
+
+    def run_all():
+        kc, vc = torch.zeros(32, 16, 4, 32), torch.zeros(32, 16, 4, 32)
+        assert cpu_paged.store_kv_c(key, value, kc, vc, slots)
+        q = qkv.clone().view(2048, 16, 32)
+        return (cpu_paged.rms_norm_c(x, w, 1e-6), cpu_paged.silu_mul_c(gu),
+                cpu_paged.rope_c_(q, cos, sin, pos), cpu_paged.argmax_rows_c(logits), kc, vc)
+
+    threads(1)
+    one = run_all()
+    threads(n)
+    assert torch.get_num_threads() == n
+    for a, b in zip(one, run_all()):
+        assert torch.equal(a, b)

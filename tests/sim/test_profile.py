@@ -36,7 +36,7 @@ def test_profile_fit_and_simulate(tmp_path):
     assert not {s["segment"] for s in again} & set(segments)
 
     out = tmp_path / "tiny.json"
-    assert cli(["profile", "--model", "tiny", "--scale", "0.15", "--out", str(out)]) == 0
+    assert cli(["profile", "--model", "tiny", "--scale", "0.05", "--out", str(out)]) == 0
     model = FittedCostModel.load(out)
     assert any(n.startswith("tokens@") for n in model.feature_names)
     g = [c for n, c in model.coefficients.items() if n.startswith("tokens@")]
