@@ -141,3 +141,22 @@ def test_the_presets_command_prints_every_table_and_refuses_unknown_names(capsys
     out = capsys.readouterr().out
     assert all(f"preset {name!r}" in out for name in PRESET_NAMES)
     assert main(["orca"]) == 2 and "orca" in capsys.readouterr().err
+
+
+def test_tgi_prefill_budget_follows_the_launchers_formula():
+    """TGI v3.3.7 launcher/src/main.rs: Config::flop counts three H-wide projections (Q, attention, O)
+    and two H_kv-wide ones (K, V) per layer; the budget is the GPU's f16 FLOP/s over it, capped by the
+    context, 4096 when the GPU is unknown."""
+    from minibatch.presets import tgi
+    from minibatch.sim import get_model_spec
+
+    m = get_model_spec("llama-2-7b")
+    h, d, heads, kv = m.hidden_size, m.head_dim, m.num_heads, m.num_kv_heads
+    five = 2 * heads * d * h + 2 * kv * d * h + 2 * kv * d * h + 2 * heads * d * h + 2 * heads * d * h
+    assert tgi.flop_per_token(m) == (five + 2 * 3 * h * m.intermediate_size) * m.num_layers
+    g = get_model_spec("llama-3-8b")
+    assert tgi.default_max_batch_prefill_tokens("llama-2-7b") == 4096 == presets.settings("tgi")[
+        "max_num_batched_tokens"]                        # 312e12 / 14.0e9 = 22,245, capped by the 4,096 context
+    assert tgi.default_max_batch_prefill_tokens("llama-3-8b") == 8192       # capped by its 8,192 context
+    assert tgi.default_max_batch_prefill_tokens("llama-2-7b", gpu="unknown") == 4096
+    assert tgi.default_max_batch_prefill_tokens("llama-3-8b", gpu="t4") == int(65e12 // tgi.flop_per_token(g))

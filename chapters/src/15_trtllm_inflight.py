@@ -20,8 +20,8 @@
 # - 写出三种容量策略 `GUARANTEED_NO_EVICT`、`MAX_UTILIZATION`、`STATIC_BATCH` 的准入条件，在手工构造的调度器状态上预言并验证每条规则的决定，
 #   包括 `MAX_UTILIZATION` 的**暂停**（Pause）：暂停最后开始的请求，本次迭代在它的位置结束；
 # - 写出微批调度器的 Token 预算：生成请求先占，上下文按先来先服务（FCFS）分块，切短的块向下取整到 `tokens_per_block` 的整数倍；
-# - 在模拟的 Llama-2-7B / A10 上、稳态、3 个种子下比较三种容量策略的抢占、吞吐、TTFT/TPOT 尾部、KV 占用与预留，以及 SLO 下的服务容量；
-# - 量出 `max_num_tokens` 与上下文分块对 TTFT、生成停顿（ITL 尾部）的影响；
+# - 在模拟的 Llama-2-7B / A10 上、稳态、3 个种子下比较三种容量策略的抢占、吞吐、TTFT/TPOT 尾部、KV 占用与预留，以及 SLO 下的服务容量（Capacity）；
+# - 量出 `max_num_tokens` 与上下文分块（Context Chunking）对 TTFT、生成停顿（ITL 尾部）的影响；
 # - 在真实的 tiny 模型上验证：`trtllm` 预设下（含暂停与重算），贪心输出逐 Token 不变。
 
 # %%
@@ -308,7 +308,7 @@ print(inspect.getsource(Scheduler._chunk))
 # 最长 {{CHAT_P["max"]}}），泊松到达。
 # 每次运行 {{N_REQ}} 个请求，稳态指标用 `summary(trim={{TRIM}})`（只统计到达时间落在中间 {{1 - 2 * TRIM:.0%}} 的请求），
 # 每个到达率 {{len(SEEDS)}} 个负载种子、取中位数。
-# SLO 对**每个请求**判断：TTFT ≤ {{SLO["ttft"]:g}} s 且 TPOT ≤ {{SLO["tpot"] * 1e3:.0f}} ms；服务容量是达成率不低于 {{TARGET:.0%}} 的最高到达率。
+# SLO 对**每个请求**判断：TTFT ≤ {{SLO["ttft"]:g}} s 且 TPOT ≤ {{SLO["tpot"] * 1e3:.0f}} ms；服务容量是 SLO 达成率（SLO Attainment）不低于 {{TARGET:.0%}} 的最高到达率。
 
 # %%
 pool_tokens = CM.kv_capacity_tokens()
@@ -425,7 +425,7 @@ assert gne_used_full < 0.8 and mu_used_max > 0.95, "the prose contrasts GNE's id
 # 这里的 `max_tokens` 恰好等于真实的输出长度（模拟器总是生成满 `max_tokens`），是 `GUARANTEED_NO_EVICT` 最有利的情形；
 # 用户把 `max_tokens` 设得比实际输出大时，预留还会更多（练习 2）。
 #
-# 把第三种策略也放进来，在两者都稳定的 {{RATES[1]}} req/s 下比较。`STATIC_BATCH` 在这个到达率下严重过载（一批请求要等最慢的成员结束，
+# 把第三种策略也放进来，在两者的吞吐都跟得上到达负载的 {{RATES[1]}} req/s 下比较（`GUARANTEED_NO_EVICT` 的 TTFT 尾部在这里已经变长）。`STATIC_BATCH` 在这个到达率下严重过载（一批请求要等最慢的成员结束，
 # 批的大小还被第一步的 `max_num_tokens` 与预留限制住），它没有稳态：排队越来越长，TTFT 随运行时长增长。所以它只跑一个种子、
 # 较少的请求，报告的吞吐是它的饱和吞吐，延迟只说明“过载”，不可与另外两行直接比较：
 
@@ -540,7 +540,7 @@ assert tiny_pauses > 0 and tiny_runs["trtllm, GNE, 12 blocks of 16"].summary()["
 # ## 15.7 动手：容量策略 × `max_num_tokens` × 分块
 #
 # 下面的控件在 15.4 节的聊天负载上（种子 1）运行一次，画出 KV 的占用与预留，并打印稳态指标。建议试试：到达率 1.6 时在
-# `GUARANTEED_NO_EVICT` 与 `MAX_UTILIZATION` 之间切换，看橙线（预留）与蓝线（占用）的差距；把到达率推到 2.2，看暂停出现；
+# `GUARANTEED_NO_EVICT` 与 `MAX_UTILIZATION` 之间切换，看橙线（预留）与蓝线（占用）的差距；把到达率推到 2.2，看暂停变多、TPOT 尾部变长；
 # 打开分块并把 `max_num_tokens` 调到 256，看 TTFT 与 ITL 怎样变化。
 
 # %% tags=["nbval-ignore-output"]

@@ -4,8 +4,8 @@
 # Hugging Face 的 Text Generation Inference（TGI）把服务拆成两部分：一个 Rust 写的**路由器**（Router）接收 HTTP 请求、排队、
 # 决定每一次前向算哪些请求；若干 Python 的**模型分片**（Shard）只管执行路由器发来的 `prefill` 与 `decode` 调用。
 # 所以 TGI 的批处理策略几乎全在路由器的一个循环里：`backends/v3/src/backend.rs` 的 `batching_task`，以及它调用的
-# `backends/v3/src/queue.rs` 的 `State::next_batch`。本章读的是 TGI v3.3.7（2025-12-18 的标签）；v3.3.7 之后的提交把仓库标为
-# 维护模式（commit 34988476 “Maintenance mode”）。默认值来自 `launcher/src/main.rs` 的 `Args`，
+# `backends/v3/src/queue.rs` 的 `State::next_batch`。本章读的是 TGI v3.3.7（2025-12-18 的标签）；这个标签的 README 已声明仓库进入
+# 维护模式（此前一周的 commit 34988476 “Maintenance mode”），只再接受小的修复。默认值来自 `launcher/src/main.rs` 的 `Args`，
 # 并发上限来自 `router/src/infer/mod.rs`。
 #
 # TGI 的路由器有一个与 vLLM、TensorRT-LLM 都不同的习惯：不分块时，新请求的预填充**单独成一步**，正在解码的请求在这一步里全部停下；
@@ -39,6 +39,7 @@ import minibatch
 from minibatch import EngineConfig, LLMEngine, presets
 from minibatch.policies import SchedulerState
 from minibatch.policies.tgi import TGIPolicy
+from minibatch.presets import tgi as tgi_launcher
 from minibatch.request import Request
 from minibatch.runner import run
 from minibatch.sampling_params import SamplingParams
@@ -108,33 +109,26 @@ assert (TGI["max_waiting_tokens"], TGI["waiting_served_ratio"], TGI["max_infligh
 
 # %% [markdown]
 # `max_batch_prefill_tokens` 没有写死的默认值：v3.3.7 的启动器（`launcher/src/main.rs` 的 `main`）用 GPU 的 FP16 峰值算力除以模型每个
-# Token 的 FLOPs（`Config::flop`：每层 Q、K、V、O 与注意力五个 $2 H d_h \cdot h$ 项，加上 MLP 的 $2 \cdot 3 \cdot h \cdot I$）作为
+# Token 的 FLOPs（`Config::flop`：每层 Q、注意力、O 三个 $2 H d_h h$ 项与 K、V 两个 $2 H_{kv} d_h h$ 项，加上 MLP 的 $2 \cdot 3 \cdot h \cdot I$）作为
 # “算力最优”的值，再取它与 `max_position_embeddings`、显存允许值的最小者；算不出来时用 4096（v2.4.1 则一律是 $\min(4096, \text{max\_position\_embeddings})$）。
-# 按这个公式在 A100 上计算：
+# `minibatch.presets.tgi` 照这段代码实现（不含显存上限），在 A100 上计算：
 
 # %% tags=["nbval-check-output"]
-A100_F16 = 312e12                                      # launcher/src/main.rs ComputeType::f16_flop, Gpu::A100
-
-
-def tgi_flop_per_token(spec):
-    """launcher/src/main.rs Config::flop (dense model: one expert)."""
-    attn = 2 * spec.head_dim * spec.hidden_size * (3 * spec.num_heads + 2 * spec.num_kv_heads)
-    return spec.num_layers * (attn + 2 * 3 * spec.hidden_size * spec.intermediate_size)
-
-
+A100_F16 = tgi_launcher.F16_FLOPS["a100"]                # launcher/src/main.rs ComputeType::f16_flop, Gpu::A100
 prefill_default = {}
 for name in ("llama-2-7b", "llama-3-8b"):
     spec = get_model_spec(name)
-    optimal = int(A100_F16 / tgi_flop_per_token(spec))
-    prefill_default[name] = min(optimal, spec.max_model_len)
-    print(f"{name}: {tgi_flop_per_token(spec) / 1e9:.1f} GFLOP/token, compute-optimal {optimal:,} tokens, "
+    optimal = int(A100_F16 // tgi_launcher.flop_per_token(spec))
+    prefill_default[name] = tgi_launcher.default_max_batch_prefill_tokens(spec, gpu="a100")
+    print(f"{name}: {tgi_launcher.flop_per_token(spec) / 1e9:.1f} GFLOP/token, compute-optimal {optimal:,} tokens, "
           f"max_position_embeddings {spec.max_model_len} -> max_batch_prefill_tokens {prefill_default[name]}")
 assert prefill_default["llama-2-7b"] == TGI["max_num_batched_tokens"], "the preset's 4096 is Llama-2's value"
+assert prefill_default["llama-3-8b"] == get_model_spec("llama-3-8b").max_model_len, "capped by the context too"
 
 # %% [markdown]
 # （A100 的 FP16 峰值取启动器 `ComputeType::f16_flop` 里的 {{A100_F16 / 1e12:.0f}} TFLOP/s。）
 # 所以 Llama-2-7B 在 A100 上得到 {{prefill_default["llama-2-7b"]}}（被 `max_position_embeddings` 截住），这正是预设的值；
-# 同样的 GPU 上 Llama-3-8B 得到 {{prefill_default["llama-3-8b"]}}。minibatch 的 `max_batch_prefill_tokens` 默认取 `max_num_batched_tokens`。
+# 同样的 GPU 上 Llama-3-8B 得到 {{prefill_default["llama-3-8b"]}}（同样被它 {{get_model_spec("llama-3-8b").max_model_len}} Token 的上下文截住）。minibatch 的 `max_batch_prefill_tokens` 默认取 `max_num_batched_tokens`。
 # `max_batch_total_tokens` 由启动时的显存测量推出（对应 minibatch 的 KV 池），`max_batch_size` 没有默认值（不限）。
 # 另有两处与 minibatch 的差别：TGI 在 flashinfer 注意力下 KV 块大小是 1 个 Token（`server/text_generation_server/models/globals.py` 的 `BLOCK_SIZE`），
 # minibatch 保留自己的块大小；TGI 预留 `input + max_new_tokens − 1` 个 Token，minibatch 预留 `input + max_tokens` 个。
@@ -303,7 +297,7 @@ assert max(sw[c + ("throughput_tok_s",)] for c in CONFIGS) < 1.05 * min(sw[c + (
 # - **`max_waiting_tokens` 是主角。** 默认 {{TGI["max_waiting_tokens"]}} 时 TTFT 的中位数是 {{sw[20, 0.3, "ttft_p50"]:.2f}} s；降到 1（每次检查都允许插入），
 #   TTFT 降到 {{sw[1, 0.3, "ttft_p50"]:.2f}} s，代价是 TPOT 的中位数从 {{sw[20, 0.3, "tpot_p50"] * 1e3:.1f}} 升到 {{sw[1, 0.3, "tpot_p50"] * 1e3:.1f}} ms。
 #   ITL 的 p99 反而从 {{sw[20, 0.3, "itl_p99"] * 1e3:.0f}} 降到 {{sw[1, 0.3, "itl_p99"] * 1e3:.0f}} ms：等得越久，攒下的请求越多，
-#   那一次预填充越长，停顿越长——频繁而短的停顿换成了稀少而长的停顿。调到 50，TPOT 最低（{{sw[50, 0.3, "tpot_p50"] * 1e3:.1f}} ms），
+#   那一次预填充越长，停顿越长；调到 1，稀少而长的停顿换成了频繁而短的停顿。调到 50，TPOT 最低（{{sw[50, 0.3, "tpot_p50"] * 1e3:.1f}} ms），
 #   TTFT 的中位数升到 {{sw[50, 0.3, "ttft_p50"]:.2f}} s。
 # - **`waiting_served_ratio` 是安全阀。** 默认配置下，一次运行里约 {{reasons[d]["wait_exceeded"]}} 次插入是等够了 `max_waiting_tokens`
 #   （`wait_exceeded`），只有约 {{reasons[d]["backpressure"]}} 次是积压够多（`backpressure`）：泊松到达时，{{TGI["max_waiting_tokens"]}} 个解码步里很少攒到批大小的 {{TGI["waiting_served_ratio"]:.0%}}。
@@ -521,8 +515,8 @@ bench_real_server("TGI_BASE_URL", "TGI", "TGI_BENCH_ARGS")
 # - TGI 的批处理在路由器的一个循环里：每一轮最多一次 `next_batch`、一次预填充、一次解码。`next_batch` 从队首取请求，
 #   受 `max_batch_prefill_tokens`、`max_batch_total_tokens`（为每个请求预留输入加 `max_new_tokens`，从不抢占）与 `max_batch_size` 限制。
 # - 不分块（v2）时预填充单独成一步，正在解码的请求全部停下：`max_waiting_tokens`（默认 {{TGI["max_waiting_tokens"]}}）决定最多等几个解码步，
-#   `waiting_served_ratio`（默认 {{TGI["waiting_served_ratio"]}}）让积压够多时提前插入。调小它们降 TTFT、加 TPOT，调大则停顿更少更长，
-#   太大会饿死批、吞吐下降。在泊松负载上默认的比例几乎从不触发。
+#   `waiting_served_ratio`（默认 {{TGI["waiting_served_ratio"]}}）让积压够多时提前插入。调小它们降 TTFT、加 TPOT，调大则停顿更少更长、TTFT 更长
+#   （本章的扫描里吞吐相差不到 5%）。在泊松负载上默认的比例只触发少数插入（约 {{reasons[d]["backpressure"]}} 次，对等够步数的 {{reasons[d]["wait_exceeded"]}} 次）。
 # - v3 默认分块：这两个参数（以及加入时的 `max_batch_size`）被忽略，新请求每轮与运行中的批拼成一次前向、随后解码一次；
 #   同一负载上 TTFT 与 ITL 尾部都比 v2 的默认好。
 # - `max_concurrent_requests`（默认 {{TGI["max_inflight_requests"]}}）是背压：超载时用 429 拒绝一部分请求，换来被接受请求的有界延迟与更高的有效吞吐；

@@ -79,7 +79,7 @@ print("\n".join(src[start:]))
 # 其余行交给预填充内核；全是解码或全是预填充时只调一个。
 #
 # 在解释器里用真实的 tiny 模型验证这条派发路径：两个请求同时到达，第一步之后再来第三个请求，于是有纯预填充步、混合步和纯解码步。
-# 把 `triton_kernels` 的三个入口包一层计数（不改任何逻辑），再用 C 内核后端（CPU 上的默认）跑同样的请求，贪心输出必须逐 Token 相同：
+# 把 `triton_kernels` 的三个入口包一层计数（不改任何逻辑），再用 C 内核后端（CPU 上的默认）与 `torch` 后端跑同样的请求，贪心输出必须逐 Token 相同：
 
 # %%
 DISPATCH_PROMPTS = {"A": "Once upon a time", "B": "小明和他的狗", "C": "The little cat"}
@@ -120,6 +120,7 @@ def dispatch_run(backend):
 
 tokens_triton, dispatch_steps = dispatch_run("triton")
 tokens_cpu, _ = dispatch_run("cpu")
+tokens_torch, _ = dispatch_run("torch")
 n_layers = get_model_spec("tiny").num_layers
 md_table(["step", "decode tokens", "prefill tokens", "store_kv calls", "decode calls", "prefill calls"],
          [[i, d, p, c.get("store_kv", 0), c.get("paged_decode_attention", 0), c.get("paged_prefill_attention", 0)]
@@ -127,16 +128,16 @@ md_table(["step", "decode tokens", "prefill tokens", "store_kv calls", "decode c
 
 # %% tags=["nbval-check-output"]
 print("greedy tokens, triton backend (interpreter):", tokens_triton)
-print("identical to the C-kernel backend:", tokens_triton == tokens_cpu)
+print("identical to the C-kernel and torch backends:", tokens_triton == tokens_cpu == tokens_torch)
 mixed = [i for i, (d, p, c) in enumerate(dispatch_steps) if d and p]
-assert tokens_triton == tokens_cpu, "the prose says both backends give the same greedy tokens"
+assert tokens_triton == tokens_cpu == tokens_torch, "the prose says the three backends give the same greedy tokens"
 assert mixed and all(c.get("paged_decode_attention") == c.get("paged_prefill_attention") == n_layers
                      for d, p, c in (dispatch_steps[i] for i in mixed)), "a mixed step calls both kernels in every layer"
 assert all(c.get("store_kv") == n_layers for _, _, c in dispatch_steps), "one store_kv per layer and step"
 
 # %% [markdown]
 # tiny 模型有 {{n_layers}} 层，所以每一步调用 {{n_layers}} 次 `store_kv`；第 {{mixed[0]}} 步是混合步（A、B 解码，C 预填充），
-# 每层既调解码内核、也调预填充内核。两个后端的贪心输出逐 Token 相同——这是引擎级别的端到端检查，17.7 节会把它放进测试策略里。
+# 每层既调解码内核、也调预填充内核。三个后端的贪心输出逐 Token 相同——这是引擎级别的端到端检查，17.7 节会把它放进测试策略里。
 # 解释器很慢（每次启动内核，它都在 Python 里逐个程序地执行），所以本章其余的检查都直接调用内核、用很小的形状。
 #
 # ## 17.2 KV 写入内核
@@ -370,13 +371,17 @@ axes[0].legend(fontsize=7)
 plt.tight_layout()
 plt.show()
 share_b1 = {split: sm_share(1, 8192, SMS["h100"], split) for split in (False, True)}
+parts_8192 = triton_decode.split_partitions(8192)[1]
+first_unsplit = next(b for b in range(1, 64) if b * spec8.num_kv_heads >= SMS["h100"])   # choose_split's condition fails
 assert share_b1[False] < 0.1 and share_b1[True] > 0.9, "the prose quotes these shares"
+assert 16 < first_unsplit and 16 * spec8.num_kv_heads < SMS["h100"], "the prose says batch 16 is still split on an H100"
 
 # %% [markdown]
-# 批大小为 1、上下文 8192 时，不拆分只有 8 个程序，占 H100 的 {{share_b1[False]:.0%}}；拆成 16 个分区后程序数达到 128 个，
+# 批大小为 1、上下文 8192 时，不拆分只有 {{spec8.num_kv_heads}} 个程序，占 H100 的 {{share_b1[False]:.0%}}；拆成 {{parts_8192}} 个分区后程序数达到 {{parts_8192 * spec8.num_kv_heads}} 个，
 # 占 {{share_b1[True]:.0%}}（图中的曲线在程序数超过 SM 数时按 100% 封顶）。Flash-Decoding 的作者报告，在很长的序列上这种拆分让生成快到 8 倍
 # （Dao, Haziza, Massa, Sizov, *Flash-Decoding for long-context inference*, 2023 年 10 月博客）。批大小为 16 时，
-# 16 × 8 = 128 个程序已接近一波，`choose_split` 仍会拆（128 < 132），多出的归约只是一次很小的读写；批再大就不拆了。
+# 16 × {{spec8.num_kv_heads}} = {{16 * spec8.num_kv_heads}} 个程序已接近一波，`choose_split` 仍会拆（{{16 * spec8.num_kv_heads}} < {{SMS["h100"]}}），多出的归约只是一次很小的读写；
+# 批大小到 {{first_unsplit}} 时（{{first_unsplit * spec8.num_kv_heads}} 个程序）就不拆了。
 #
 # vLLM v0.11.0 的 CUDA 内核有同样的两档：`paged_attention_v1` 不分区，`v2` 按 512 个 Token 分区再归约，
 # 选择条件写在 `vllm/attention/ops/paged_attn.py` 的 `use_v1`（L05 第 4 节有完整的表）。
@@ -858,8 +863,8 @@ W.interact(decode_step_explorer, model=W.Dropdown(options=list(MODELS), value="l
 #
 # <details><summary>提示与参考答案</summary>
 #
-# 1. 读 $2 \cdot 8192 \cdot 8 \cdot 128 \cdot 2$ 字节（K 与 V，bf16）= 32 MiB，写同样多，共 64 MiB；H100 可达带宽约 2.85 TB/s，
-#    约 24 µs。预填充注意力是算力受限的（每个新 Token 要对前面所有 Token 打分），时间大得多，所以预填充时写入也不是瓶颈。
+# 1. 读 $2 \cdot 8192 \cdot 8 \cdot 128 \cdot 2$ 字节（K 与 V，bf16）= 32 MiB，写同样多，共 64 MiB；H100 可达带宽约 {{get_hardware("h100").effective_bandwidth / 1e12:.2f}} TB/s，
+#    约 {{2 * 2 * 8192 * 8 * 128 * 2 / get_hardware("h100").effective_bandwidth * 1e6:.0f}} µs。预填充注意力是算力受限的（每个新 Token 要对前面所有 Token 打分），时间大得多，所以预填充时写入也不是瓶颈。
 # 2. `key.stride(1) != head_dim` 时断言失败；若去掉断言，一维偏移会读到 Q 或 V 的数据。按步长寻址：`h = offs // HEAD_DIM`、
 #    `col = offs % HEAD_DIM`，地址为 `token * stride_t + h * stride_h + col`（缓存一侧同理）。
 # 3. 程序数为 `batch × 8 × partitions`；批 2 时 8 个分区（4096 Token）就有 128 个程序，还差一点，9 个分区（4097–4608 Token）超过一波；

@@ -270,6 +270,9 @@ assert stop_out[f"stop_token_ids=[{PERIOD}] ('。')"].token_ids == base_ids[:fir
 assert min10.token_ids[:5] == base_ids[:5] and min10.token_ids[5] != PERIOD and len(min10.token_ids) > 10
 assert stop_out["stop=['花花。']"].text == "，名叫" and stop_out["stop=['一天', '有一天']"].stop_reason == "有一天"
 earliest = stop_out["stop=['一天', '有一天']"]
+full_text = stop_out["no stop condition"].text
+list_order_cut = full_text[:full_text.find("一天")]        # vLLM's rule: the first string of the list that is found
+assert earliest.text == full_text[:full_text.find("有一天")] != list_order_cut, "the two rules cut differently here"
 
 # %% [markdown]
 # 逐行看：
@@ -283,7 +286,7 @@ earliest = stop_out["stop=['一天', '有一天']"]
 # **最早匹配**（Earliest Match）。最后一行给了两个停止字符串 `["一天", "有一天"]`。Token `天` 到来时，两个字符串**同时**第一次完整出现，
 # 而且互相重叠。minibatch 的 `_find_stop` 取**起点最早**的那个（`有一天`），文本截成 {{earliest.text!r}}；
 # vLLM v0.11.0 的 `check_stop_strings`（`vllm/v1/engine/detokenizer.py`）按**列表顺序**找、返回第一个找到的（`一天`），
-# 按这段代码，同样的请求在 vLLM 上会截成 `'，名叫花花。有'`。两条规则只在多个停止字符串在同一步里完成时才有差别；最早匹配的结果不依赖你把停止字符串按什么顺序写。
+# 按这段代码，同样的请求在 vLLM 上会截成 `{{list_order_cut!r}}`。两条规则只在多个停止字符串在同一步里完成时才有差别；最早匹配的结果不依赖你把停止字符串按什么顺序写。
 #
 # **EOS。** tiny 模型的对话模板是 ChatML，模型答完会生成 `<|im_end|>`（它在模型的 EOS 列表里）。`ignore_eos=True` 让生成越过它一直到 `max_tokens`：
 
@@ -691,7 +694,7 @@ W.interact(explore, temperature=W.FloatSlider(value=0.7, min=0.1, max=2.0, step=
 # - SSE 每个事件一行 `data: <JSON>`，以 `data: [DONE]` 结束；一个事件携带上次以来的全部 Token，读得慢就合并；停止字符串的前缀要扣住不发。
 # - 客户端断开时，服务端中止请求，KV 块立刻回到池里；`openai` 客户端换一个 `base_url` 就能访问 `minibatch serve`。
 #
-# 下一章（第 19 章）回到调度参数，在 SLA 下寻找帕累托前沿。
+# 下一章（第 19 章）回到调度参数，在 SLO 下寻找帕累托前沿。
 #
 # ## 练习
 #

@@ -4,9 +4,10 @@
 # 第 1 章的 RAG 案例是这样调参的：先设 `--max-num-seqs 8 --max-wait 30ms`，压测，看着 TTFT 与吞吐改成 16 与 20 ms，再压测。
 # 这种“改一个数、压一次、凭感觉”的办法有三个问题：不知道要满足的到底是什么（平均 TTFT？每个请求的 TTFT？），
 # 不知道改过的配置之外还有没有更好的，也不知道为了找到它要压测多少次。本章把调参写成一个**优化问题**：
-# 在一组旋钮（`max_num_seqs`、`max_num_batched_tokens`、`max_wait_ms`、调度策略）组成的**配置空间**里，
+# 在一组旋钮（`max_num_seqs`、`max_num_batched_tokens`、`max_wait_ms`、调度策略）组成的**配置空间**（Configuration Space）里，
 # 在每个请求都要满足的 SLO 之下，找**有效吞吐**（Goodput）或**服务容量**（Capacity）最高的配置，
 # 并画出“有效吞吐 / 容量”与“延迟”之间的**帕累托前沿**（Pareto Front）。
+# 标题沿用第 1 章的说法“SLA”；按术语表，对用户的承诺是服务等级协议（SLA），其中的延迟约束才是服务等级目标（SLO），下文只说 SLO。
 #
 # 真机上每个配置点都要占 GPU 跑一遍。Vidur（Agrawal et al., *Vidur: A Large-Scale Simulation Framework for LLM Inference*,
 # MLSys'24, arXiv:2405.05465）的思路是：先用模拟器在 CPU 上把配置空间搜一遍，再只把最优的几个拿到 GPU 上验证。
@@ -31,6 +32,7 @@ import numpy as np
 
 import minibatch
 from minibatch import tune
+from minibatch.sim import make_cost_model
 from minibatch.viz import md_table
 from minibatch.workload import load_workload
 
@@ -39,6 +41,7 @@ N_REQ = 120
 CHAT = load_workload("chat", n=N_REQ)                         # Azure conversation trace 2023, fitted (seed 1001)
 SLO, TARGET = {"ttft": 0.5, "tpot": 0.05}, 0.9                # per request, in seconds; 90% must meet it
 LAT = "ttft_p90"                                              # the latency axis of the Pareto front
+POOL_BLOCKS = make_cost_model(SIM["model"], SIM["hardware"]).kv_capacity_tokens() // 16   # exercise 5: the default pool
 SWEEP = dict(processes=2, target=TARGET, latency_metric=LAT, trim=0.1, **SIM)
 print("minibatch", minibatch.__version__)
 print(CHAT)
@@ -67,7 +70,7 @@ def trial(result, **config):
 # G(c,\lambda) = \frac{\#\{i : \text{ok}_i,\ t^\text{fin}_i \in [t_0, t_1]\}}{t_1 - t_0} ,
 # $$
 #
-# 其中 $R$ 是稳态窗口里到达的请求，$A$ 是 **SLO 达成率**，$G$ 是**有效吞吐**（DistServe, OSDI'24 的 Goodput，单位 req/s）。
+# 其中 $R$ 是稳态窗口里到达的请求，$A$ 是 **SLO 达成率**（SLO Attainment），$G$ 是**有效吞吐**（DistServe, OSDI'24 的 Goodput，单位 req/s）。
 # 在一个**到达率阶梯**（Rate Ladder）$\lambda_1 < \dots < \lambda_K$ 上，**服务容量**是达成率不低于目标 $X$ 的最高到达率：
 #
 # $$
@@ -76,11 +79,11 @@ def trial(result, **config):
 #
 # 两种目标对应两种问题：到达率已知（就是 {{CHAT.stats()["rate"]:.2f}} req/s）时最大化 $G(c, \lambda_0)$；要回答“这台机器最多扛多少”时最大化
 # $\text{Cap}(c)$。只看一个目标会漏掉代价：有效吞吐一样高的两个配置，延迟可能差很多。于是再看一个延迟 $L(c)$
-# （本章取 p90 TTFT）。配置 $c$ **支配**（Dominate）$c'$，当且仅当 $f(c) \ge f(c')$ 且 $L(c) \le L(c')$、至少一个严格成立（$f$ 是有效吞吐或容量）；
+# （本章取 p90 TTFT）。配置 $c$ **支配**（Dominance）$c'$，当且仅当 $f(c) \ge f(c')$ 且 $L(c) \le L(c')$、至少一个严格成立（$f$ 是有效吞吐或容量）；
 # 不被任何配置支配的那些组成**帕累托前沿**：前沿上的每一点，想再降延迟就得牺牲吞吐，反之亦然。前沿之外的配置不必考虑。
 #
 # **搜索的代价。** 全**网格搜索**（Grid Search）要在每个配置、每级到达率上各模拟一次：$|\mathcal{C}| \cdot K$ 次。
-# 容量的定义有单调性（到达率越高，达成率越低——这是任何容量搜索的前提），所以对一个配置可以在阶梯上**二分**：
+# 容量的定义有单调性（到达率越高，达成率越低——这是任何**容量搜索**（Capacity Search）的前提），所以对一个配置可以在阶梯上**二分**：
 # 约 $\lceil \log_2 (K+1) \rceil$ 次。再加**剪枝**（Pruning）：已知的最佳容量是 $\lambda^\ast$ 时，下一个配置先只测 $\lambda^\ast$ 的上一级，
 # 不达标就不可能超过 $\lambda^\ast$，1 次就淘汰。于是总次数大约在 $1 + \log_2 K + (|\mathcal{C}| - 1)$ 与 $|\mathcal{C}|(1 + \log_2 K)$ 之间，
 # 取决于好配置排得多靠前。下面是 `minibatch.tune` 的实现：一个配置的二分搜索与剪枝，和帕累托前沿：
@@ -245,7 +248,7 @@ print("capacity (req/s) by configuration:", cap)
 #
 # ## 19.4 敏感性：错配一个旋钮损失多少
 #
-# 从最优点出发，每次只改一个旋钮，看容量（左，全网格的结果）与固定到达率下的有效吞吐（右，19.2 节的结果）各损失多少：
+# **敏感性**（Sensitivity）：从最优点出发，每次只改一个旋钮，看容量（左，全网格的结果）与固定到达率下的有效吞吐（右，19.2 节的结果）各损失多少：
 
 # %%
 def cap_of(s, b):
@@ -279,6 +282,7 @@ g_dyn = 1 - max(t.goodput for t in dyn) / best_cont_goodput
 print("capacity lost by one wrong knob:", {k: f"{v:.0%}" for k, v in loss.items()},
       f"| goodput lost at {CHAT.stats()['rate']:.2f} req/s: max_num_seqs 16 {g16:.0%}, dynamic policy {g_dyn:.0%}")
 assert loss["max_num_seqs 16"] == 1.0, "the prose says 16 sequences miss the SLO even at the lowest rate"
+assert all(cap_of(64, b) >= cap_of(32, b) for b in GRID_B["max_num_batched_tokens"]), "more than 32 seqs does no harm"
 assert 0 < loss["B 512"] < 0.25 and g16 > 0.5 and g_dyn > 0.95
 
 # %% [markdown]
@@ -340,8 +344,8 @@ assert tight.best_trial.capacity < opt.capacity < loose.best_trial.capacity
 #   {{min(l64[2048].probes):g}} req/s 就不达标了——小预算让每一步里的预填充块小，正在解码的请求的 TPOT 不被拖长（第 11 章的生成停顿）。
 # - 居中的 SLO（19.3 节）落在两者之间：{{label(opt.config)}}，{{opt.capacity:.1f}} req/s。
 #
-# 所以“最优配置”这句话必须带上 SLO 和负载才有意义。另外注意每次搜索只用了 {{tight.num_runs}}–{{loose.num_runs}} 次模拟，
-# 而对应的全网格要 {{tight.full_grid_runs}}–{{loose.full_grid_runs}} 次。
+# 所以“最优配置”这句话必须带上 SLO 和负载才有意义。另外注意每次搜索只用了 {{min(r.num_runs for r in by_slo.values())}}–{{max(r.num_runs for r in by_slo.values())}} 次模拟，
+# 而对应的全网格要 {{min(r.full_grid_runs for r in by_slo.values())}}–{{max(r.full_grid_runs for r in by_slo.values())}} 次。
 #
 # ## 19.6 换种子：最优点稳不稳
 #
@@ -371,6 +375,8 @@ print(f"{len(jobs)} more searches, {sum(len(o['probes']) for o in found)} simula
       f"seed-1001 optimum {label(opt.config)}, best median capacity {robust} ({median_cap[robust]:.1f} req/s)")
 spread = {k: max(seed_cap[k, s] for s in SEEDS) - min(seed_cap[k, s] for s in SEEDS) for k in median_cap}
 assert max(spread.values()) >= 1.0 and top[0].config == opt.config, "the prose: capacities move from seed to seed"
+config_gap = max(max(seed_cap[k, s] for k in median_cap) - min(seed_cap[k, s] for k in median_cap) for s in SEEDS)
+assert max(spread.values()) > config_gap, "the prose says the seeds move a capacity more than the configurations differ"
 assert median_cap[robust] > median_cap[label(opt.config)], "the prose says the seed-1001 optimum is not the robust one"
 rob_cfg = next(t.config for t in top if label(t.config) == robust)
 assert seed_cap[robust, 1001] == opt.capacity and seed_cap[robust, 1002] > seed_cap[label(opt.config), 1002]
@@ -378,7 +384,7 @@ assert {k: v for k, v in rob_cfg.items() if k != "max_num_seqs"} == \
     {k: v for k, v in opt.config.items() if k != "max_num_seqs"}, "the prose says only max_num_seqs differs"
 
 # %% [markdown]
-# 同一个配置的容量在种子之间最多相差 {{max(spread.values()):.1f}} req/s，比配置之间的差距还大。种子 1001 上的最优点是
+# 同一个配置的容量在种子之间最多相差 {{max(spread.values()):.1f}} req/s，比同一个种子上这三个配置之间的差距（至多 {{config_gap:.1f}} req/s）还大。种子 1001 上的最优点是
 # {{label(opt.config)}}（中位数 {{median_cap[label(opt.config)]:.1f}} req/s），而三个种子的中位数最高的是 **{{robust}}**
 # （{{median_cap[robust]:.1f}} req/s）：在种子 1001 上两者都是 {{opt.capacity:.1f}} req/s，并列时网格顺序选了前者；在种子 1002 上，
 # {{label(opt.config)}} 的容量是 {{seed_cap[label(opt.config), 1002]:.1f}}，{{robust}} 是 {{seed_cap[robust, 1002]:.1f}}（阶梯顶）——
@@ -422,7 +428,7 @@ W.interact(explore,
                                      continuous_update=False));
 
 # %% [markdown]
-# ## 本章小结
+# ## 小结
 #
 # - 调参先写清楚问题：配置空间、**每个请求**判断的 SLO、目标（固定到达率下的有效吞吐，或达成率 ≥ {{TARGET:.0%}} 的服务容量），
 #   再加一个延迟维度看**帕累托前沿**——前沿之外的配置不必考虑。两个目标的最优点可以不同。
@@ -445,7 +451,7 @@ W.interact(explore,
 # 3. **剪枝与顺序。** 把 `GRID_B` 的 `max_num_seqs` 改成 `[64, 32, 16]`（好配置排在前面），二分搜索的次数变成多少？
 #    反过来把最差的排在前面呢？用 19.1 节的上下界解释。
 # 4. **换一个延迟轴。** 用 `latency_metric="e2e_p90"` 重做 19.2 节，前沿变了吗？对聊天应用，哪个延迟更该放在前沿的横轴上？
-# 5. **KV 成为约束。** 在 `SWEEP` 里加上 `num_kv_blocks=1500`（A100-80G 上 7B 的默认池约 7,480 块），重做 19.3 节。
+# 5. **KV 成为约束。** 在 `SWEEP` 里加上 `num_kv_blocks=1500`（A100-80G 上 7B 的默认池约 {{POOL_BLOCKS:,}} 块），重做 19.3 节。
 #    $S$ 的最优值怎样变化？抢占次数（`tune.summaries` 的 `num_preemptions`）说明了什么？
 #
 # <details><summary>提示与参考答案</summary>

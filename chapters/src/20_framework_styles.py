@@ -9,18 +9,20 @@
 # minibatch 的**框架预设**（Framework Preset，`LLM(..., preset="tgi")`、`EngineConfig.from_kwargs(preset=...)`、
 # `python -m minibatch.presets`）。内核快慢、CUDA Graph、推测解码、分离式部署等都不在比较之内。
 #
-# 问题是：同样的负载下，四种风格的吞吐、TTFT、TPOT、抢占与服务容量差多少？差别来自哪个旋钮？
+# 问题是：同样的负载下，四种风格的吞吐、TTFT、TPOT、抢占与服务容量（Capacity）差多少？差别来自哪个旋钮？
 #
 # ## 学习目标
 #
 # - 说出四个框架默认设置的调度旋钮（准入、分块、Token 预算、序列上限、路由器参数），每一项的版本与源文件；
 # - 在模拟的 Llama-2-13B / A100-80G 上，用聊天（chat）与长提示词的 RAG 两个负载、稳态、3 个种子的中位数，比较吞吐、TTFT 与 TPOT 的
-#   p50/p99、抢占次数、SLO 达成率与服务容量，并画在同一张图上；
+#   p50/p99、抢占次数、SLO 达成率（SLO Attainment）与服务容量，并画在同一张图上；
 # - 把每一处差别追溯到旋钮：乐观准入、按估计预留、按最坏情况预留，以及 TGI 路由器自己的预留；
 # - 一次只改一个旋钮，证明差别来自旋钮而不是“品牌”；把旋钮拉平后四者完全相同；
 # - 在真实的 tiny 模型上验证：四种预设下贪心输出逐 Token 相同。
 
 # %%
+import inspect
+
 import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
@@ -29,6 +31,7 @@ import torch
 import minibatch
 from minibatch import LLM, EngineConfig, SamplingParams, presets, tune
 from minibatch.config import PRESET_NAMES
+from minibatch.presets import tgi as tgi_launcher
 from minibatch.results import capacity
 from minibatch.sim import get_model_spec, make_cost_model
 from minibatch.viz import markdown_table, md_table
@@ -36,6 +39,9 @@ from minibatch.workload import load_workload
 
 SIM = {"executor": "sim", "model": "llama-2-13b", "hardware": "a100-80g"}     # the one server of this chapter
 COLORS = {"vllm": "C0", "sglang": "C2", "trtllm": "C3", "tgi": "C1"}
+N_REQ, SEEDS = 150, [1, 2, 3]                       # requests per run, workload seeds
+SLO, TARGET = {"ttft": 2.0, "tpot": 0.15}, 0.9       # per request, seconds; attainment target of the capacity
+POOL_TOKENS = make_cost_model(SIM["model"], SIM["hardware"]).kv_capacity_tokens()
 print("minibatch", minibatch.__version__, "| presets:", PRESET_NAMES)
 
 # %% [markdown]
@@ -74,35 +80,30 @@ md_table(["preset", "knob", "value", "source (file and name in the framework's r
 #   （运行时计算，依版本在 `managers/scheduler.py` 或 `model_executor/model_runner.py`）。
 # - **TensorRT-LLM 1.x**：`tensorrt_llm/llmapi/llm_args.py` 的 `SchedulerConfig.capacity_scheduler_policy = GUARANTEED_NO_EVICT`、
 #   `BaseLlmArgs.max_batch_size = 2048`、`max_num_tokens = 8192`、`enable_chunked_prefill = False`、
-#   `KvCacheConfig.enable_block_reuse = True`。
+#   `KvCacheConfig.enable_block_reuse = True`、`KvCacheConfig.tokens_per_block = 32`（PyTorch 后端的上下文分块也以它为单位）。
 # - **TGI v3.3.7**：`launcher/src/main.rs` 的 `max_concurrent_requests = 128`、`max_waiting_tokens = 20`、`waiting_served_ratio = 0.3`；
 #   `max_batch_prefill_tokens` 未给时取“GPU 的 FP16 峰值算力 ÷ 模型每 Token 的 FLOP”（`compute_optimal`），GPU 未知时取 4096，
 #   再截到 `max_position_embeddings` 与显存允许的值；`PREFILL_CHUNKING` 默认为 1
 #   （`server/text_generation_server/models/globals.py`），此时 `backends/v3/src/backend.rs` 忽略 `max_waiting_tokens` 与
-#   `waiting_served_ratio`；`backends/v3/src/queue.rs` 的 `next_batch` 为每个请求预留 `input + max_new_tokens` 个 Token 的块，TGI 从不抢占。
+#   `waiting_served_ratio`；`backends/v3/src/queue.rs` 的 `next_batch` 为每个请求预留 `input + max_new_tokens − 1`（加投机解码的 Token 数）个 Token 的块，TGI 从不抢占。
 #
-# TGI 的预填充预算是按公式算出来的，值得照它的公式算一遍（`Config::flop`：每层
-# $2Hdh_\text{model} \times 4 + 2 H_{kv} d h_\text{model} \times 2$ 加上 MLP 的 $2 \cdot 3 \cdot h_\text{model} \cdot i$，乘以层数）：
+# TGI 的预填充预算是按公式算出来的（第 16 章 16.1 节）。`Config::flop` 每层数 Q、注意力、O 三个 $2Hd\,h_\text{model}$ 项与
+# K、V 两个 $2H_{kv}d\,h_\text{model}$ 项，加上 MLP 的 $2 \cdot 3 \cdot h_\text{model} \cdot i$，乘以层数；`minibatch.presets.tgi` 照这段代码实现：
 
 # %%
-def tgi_prefill_budget(model, peak_f16_flops=312e12):
-    """TGI v3.3.7 launcher/src/main.rs: min(peak FLOP/s / model FLOP per token, max_position_embeddings)
-    (its VRAM cap left out; 312 TFLOP/s is its A100 entry in ComputeType::f16_flop)."""
-    m = get_model_spec(model)
-    attn = 2 * m.hidden_size * m.head_dim * (4 * m.num_heads + 2 * m.num_kv_heads)
-    flop = (attn + 2 * 3 * m.hidden_size * m.intermediate_size) * m.num_layers
-    return flop, min(int(peak_f16_flops / flop), m.max_model_len)
-
-
-tgi_budget = {name: tgi_prefill_budget(name) for name in ("llama-2-13b", "llama-3-8b")}
+print(inspect.getsource(tgi_launcher.flop_per_token))
+A100_F16 = tgi_launcher.F16_FLOPS["a100"]                 # launcher/src/main.rs ComputeType::f16_flop
+tgi_budget = {name: (tgi_launcher.flop_per_token(name), tgi_launcher.default_max_batch_prefill_tokens(name, "a100"))
+              for name in ("llama-2-13b", "llama-3-8b")}
 for name, (flop, budget) in tgi_budget.items():
-    print(f"{name}: {flop / 1e9:.1f} GFLOP/token -> A100 compute-optimal {312e12 / flop:,.0f} tokens, "
+    print(f"{name}: {flop / 1e9:.1f} GFLOP/token -> A100 compute-optimal {A100_F16 // flop:,.0f} tokens, "
           f"context {get_model_spec(name).max_model_len} -> max_batch_prefill_tokens {budget}")
-assert tgi_budget["llama-2-13b"][1] == presets.settings("tgi")["max_num_batched_tokens"] == 4096
+assert tgi_budget["llama-2-13b"][1] == presets.settings("tgi")["max_num_batched_tokens"] == \
+    get_model_spec("llama-2-13b").max_model_len < A100_F16 // tgi_budget["llama-2-13b"][0], "capped by the context"
 assert tgi_budget["llama-3-8b"][1] == 8192, "the prose says an 8k-context model gets a larger TGI default"
 
 # %% [markdown]
-# 对本章的 Llama-2-13B，A100 上的“最优”是 {{312e12 / tgi_budget["llama-2-13b"][0]:,.0f}} 个 Token，被 4,096 的上下文截断，所以预设的 4096 成立；
+# 对本章的 Llama-2-13B，A100 上的“最优”是 {{A100_F16 // tgi_budget["llama-2-13b"][0]:,.0f}} 个 Token，被 {{get_model_spec("llama-2-13b").max_model_len:,}} 的上下文截断，所以预设的 {{presets.settings("tgi")["max_num_batched_tokens"]}} 成立；
 # 换成 8k 上下文的 Llama-3-8B，TGI 的默认值会是 {{tgi_budget["llama-3-8b"][1]}}。预设是**参考配置**（Llama-2、A100-80GB）下的默认值，
 # 换模型或 GPU 时要回到源码重新核对（练习 4）。
 #
@@ -112,7 +113,7 @@ assert tgi_budget["llama-3-8b"][1] == 8192, "the prose says an 8k-context model 
 # |---|---|---|---|
 # | vLLM | 乐观：这一步放得下就接纳，KV 不够再抢占（`max_utilization`） | 分块，8192 | `max_num_seqs` 256 |
 # | SGLang | 按估计预留：运行中请求 $r \cdot \min(m - g, 4096)$，$r$ 从 0.7 衰减（`conservative`，第 12 章） | 分块，8192 | |
-# | TensorRT-LLM | 按最坏情况预留：每个请求到结束所需的块（`guaranteed_no_evict`） | **不分块**，8192 | 先解码后上下文（`trtllm` 策略） |
+# | TensorRT-LLM | 按最坏情况预留：每个请求到结束所需的块（`guaranteed_no_evict`） | **不分块**，8192 | 先解码后上下文（`trtllm` 策略）；块大小 **32**（`tokens_per_block`，其余三者 16） |
 # | TGI | 按最坏情况预留（路由器 `next_batch` 的 `input + max_new_tokens`，写在 `tgi` 策略里） | 分块，**4096** | 并发上限 128（背压） |
 #
 # 用第 12 章的记号（块大小 $B$，请求 $j$ 的提示词 $p_j$、`max_tokens` $m_j$、已生成 $g_j$），三种准入的条件是
@@ -130,16 +131,14 @@ assert tgi_budget["llama-3-8b"][1] == 8192, "the prose says an 8k-context model 
 #
 # ## 20.2 实验设置
 #
-# 服务器：模拟的 Llama-2-13B / A100-80G（KV 池约 {{make_cost_model("llama-2-13b", "a100-80g").kv_capacity_tokens():,}} 个 Token）。
+# 服务器：模拟的 Llama-2-13B / A100-80G（KV 池约 {{POOL_TOKENS:,}} 个 Token）。
 # 两个负载（`minibatch/workload/named.py`）：**chat**（按 Azure 2023 对话数据拟合，提示词中位数约 1,020、输出中位数约 129 Token，
-# 输出长、KV 随解码持续增长）与 **rag**（提示词 1k–4k、中位数 2,048，输出中位数 64，预填充为主）。每个种子 150 个请求，3 个种子，
-# 每个到达率各跑一次；指标只统计稳态（到达时间落在中间 80% 的请求，`trim=0.1`），报告 3 个种子的**中位数**。
-# SLO 对每个请求判断：TTFT ≤ 2 s 且 TPOT ≤ 150 ms，服务容量是达成率 ≥ 90% 的最高到达率（到达率阶梯上）。
+# 输出长、KV 随解码持续增长）与 **rag**（提示词 1k–4k、中位数 2,048，输出中位数 64，预填充为主）。每个种子 {{N_REQ}} 个请求，{{len(SEEDS)}} 个种子，
+# 每个到达率各跑一次；指标只统计稳态（到达时间落在中间 80% 的请求，`trim=0.1`），报告 {{len(SEEDS)}} 个种子的**中位数**。
+# SLO 对每个请求判断：TTFT ≤ {{SLO["ttft"]:g}} s 且 TPOT ≤ {{SLO["tpot"] * 1e3:.0f}} ms，服务容量是达成率 ≥ {{TARGET:.0%}} 的最高到达率（到达率阶梯上）。
 # 所有运行经 `tune.summaries` 在 2 个进程里并行。
 
 # %%
-N_REQ, SEEDS = 150, [1, 2, 3]
-SLO, TARGET = {"ttft": 2.0, "tpot": 0.15}, 0.9
 RATES = {"chat": [2.0, 2.5, 3.0, 3.5, 4.0, 4.5], "rag": [1.5, 2.0, 2.5, 3.0, 3.5]}
 AT = {"chat": 3.5, "rag": 2.5}                         # the rate of the comparison table
 keys = [(w, r, p, s) for w in RATES for r in RATES[w] for p in PRESET_NAMES for s in SEEDS]
@@ -246,9 +245,9 @@ assert med("chat", AT["chat"], "trtllm", "queue_delay_p99") > 2 * med("chat", AT
 #   {{med("chat", AT["chat"], "vllm", "queue_delay_p99"):.1f}} s）：这是容量附近的“曲棍球棒”（第 3 章），利用率 $\rho$ 接近 1 时
 #   等待时间按 $\rho/(1-\rho)$ 放大，服务能力少一点点，队列就长很多。
 # - 两组的吞吐相差不到 {{abs(chat["trtllm"]["throughput_tok_s"] / chat["vllm"]["throughput_tok_s"] - 1):.0%}}：
-#   差别不在“做了多少”，而在“先做谁”。TensorRT-LLM 不分块、TGI 的预算只有 4096，在这个负载上都是次要的（20.6 节逐个验证）。
+#   差别不在“做了多少”，而在“先做谁”。TensorRT-LLM 不分块、块大小 32，TGI 的预算只有 4096，在这个负载上都是次要的（20.6 节逐个验证）。
 #
-# **rag：四者几乎重合。**
+# **rag：四者相差不大。**
 
 # %%
 w, r = "rag", AT["rag"]
@@ -267,12 +266,14 @@ assert max(spread.values()) < 0.12 and len({cap["rag", p] for p in PRESET_NAMES}
 # ## 20.6 是旋钮，不是品牌
 #
 # 如果差别真来自准入，那么：给 vLLM 换上别人的准入，它就应该变成别人；给别人换上 vLLM 的准入，别人就应该变成 vLLM。
-# 在 chat {{AT["chat"]}} req/s、3 个种子上，一次只改一个旋钮（显式给出的选项总是覆盖预设）：
+# 在 chat {{AT["chat"]}} req/s、{{len(SEEDS)}} 个种子上，一次只改一个旋钮（只有一行再多改一个块大小；显式给出的选项总是覆盖预设）：
 
 # %%
 VARIANTS = {
     "vllm + admission=conservative": {"preset": "vllm", "admission": "conservative"},
     "vllm + admission=guaranteed_no_evict": {"preset": "vllm", "admission": "guaranteed_no_evict"},
+    "vllm + admission=guaranteed_no_evict, block_size=32": {"preset": "vllm", "admission": "guaranteed_no_evict",
+                                                            "block_size": 32},
     "vllm + policy=tgi (TGI's router)": {"preset": "vllm", "policy": "tgi"},
     "vllm + enable_chunked_prefill=False": {"preset": "vllm", "enable_chunked_prefill": False},
     "vllm + max_num_batched_tokens=4096": {"preset": "vllm", "max_num_batched_tokens": 4096},
@@ -298,7 +299,8 @@ def same(a, b):
     return vmed(a) == vmed(b)
 
 
-order = ["vllm", "vllm + admission=conservative", "sglang", "vllm + admission=guaranteed_no_evict", "trtllm",
+order = ["vllm", "vllm + admission=conservative", "sglang", "vllm + admission=guaranteed_no_evict",
+         "vllm + admission=guaranteed_no_evict, block_size=32", "trtllm",
          "vllm + policy=tgi (TGI's router)", "tgi", "vllm + enable_chunked_prefill=False",
          "vllm + max_num_batched_tokens=4096", "trtllm + admission=max_utilization",
          "tgi + policy=continuous, admission=max_utilization"]
@@ -308,7 +310,12 @@ md_table(["configuration", "SLO met", "TTFT p99 (s)", "TPOT p99 (ms)", "preempti
           for n in order])
 tgi_like, trt_mu = vmed("vllm + policy=tgi (TGI's router)"), vmed("trtllm + admission=max_utilization")
 assert same("vllm + admission=conservative", "sglang"), "SGLang = vLLM + its admission"
-assert same("vllm + admission=guaranteed_no_evict", "trtllm"), "TensorRT-LLM = vLLM + its admission"
+gne_only, trt = vmed("vllm + admission=guaranteed_no_evict"), vmed("trtllm")
+block_gap = abs(gne_only["ttft_p99"] / trt["ttft_p99"] - 1)
+assert (gne_only["slo_attainment"], gne_only["num_preemptions"]) == (trt["slo_attainment"], 0) and block_gap < 0.03, \
+    "the prose says vLLM + its admission is TensorRT-LLM up to the block size"
+assert same("vllm + admission=guaranteed_no_evict, block_size=32", "trtllm"), \
+    "TensorRT-LLM = vLLM + its admission + its 32-token blocks"
 assert same("vllm + enable_chunked_prefill=False", "vllm"), "turning chunking off changes nothing here"
 assert not same("vllm + max_num_batched_tokens=4096", "vllm"), "the 4096 budget changes a little"
 assert same("tgi + policy=continuous, admission=max_utilization", "vllm + max_num_batched_tokens=4096"), \
@@ -321,8 +328,10 @@ assert abs(trt_mu["slo_attainment"] - vmed("vllm")["slo_attainment"]) < 0.05
 
 # %% [markdown]
 # - **SGLang = vLLM + 按估计预留**：只改 `admission="conservative"`，vLLM 的每一项指标都变得与 SGLang 预设相同。
-# - **TensorRT-LLM = vLLM + 最坏情况预留**：只改 `admission="guaranteed_no_evict"`，指标与 TensorRT-LLM 预设相同——
-#   它的其余旋钮（不分块、`trtllm` 策略、`max_num_seqs` 2048）在预留之下都不起作用。单独关掉 vLLM 的分块，指标也一点不变：
+# - **TensorRT-LLM = vLLM + 最坏情况预留 + 32 Token 的块**：只改 `admission="guaranteed_no_evict"`，达成率与抢占（0 次）已与
+#   TensorRT-LLM 预设相同，p99 TTFT 只差 {{block_gap:.1%}}（{{gne_only["ttft_p99"]:.2f}} 对 {{trt["ttft_p99"]:.2f}} s）；再换上 TensorRT-LLM 的块大小 32
+#   （`KvCacheConfig.tokens_per_block`），指标就完全相同（块越大，每个请求最后一块里空着的槽位越多，按最坏情况预留时同一个池放下的请求略少）。
+#   其余旋钮（不分块、`trtllm` 策略、`max_num_seqs` 2048）在预留之下都不起作用。单独关掉 vLLM 的分块，指标也一点不变：
 #   这个负载的提示词没有一个超过 8192 的预算，不分块也总能一步算完。
 # - **TGI = vLLM + TGI 的路由器**：只把策略换成 `tgi`，达成率与抢占（0 次）都与 TGI 预设相同，p99 TTFT 与 p99 TPOT 相差不到
 #   {{tgi_gap:.1%}}（p99 TTFT {{tgi_like["ttft_p99"]:.2f}} 与 {{vmed("tgi")["ttft_p99"]:.2f}} s；剩下的这点差别来自 TGI 的 4096 预算）。TGI 的预留不是一个单独的
@@ -331,7 +340,7 @@ assert abs(trt_mu["slo_attainment"] - vmed("vllm")["slo_attainment"]) < 0.05
 #   （p99 TTFT {{vmed("vllm + max_num_batched_tokens=4096")["ttft_p99"]:.2f}} 对 {{vmed("vllm")["ttft_p99"]:.2f}} s）。
 # - 反过来，给 TensorRT-LLM 换上 `max_utilization`，达成率从 {{vmed("trtllm")["slo_attainment"]:.0%}} 回到 {{trt_mu["slo_attainment"]:.0%}}
 #   （vLLM {{vmed("vllm")["slo_attainment"]:.0%}}），也开始抢占（{{trt_mu["num_preemptions"]:.0f}} 次）；与 vLLM 剩下的差别来自
-#   TensorRT-LLM 预设其余的旋钮——乐观准入之下，它的 `trtllm` 策略（到达顺序、先解码、遇到放不下的请求就停止接纳）开始起作用。
+#   TensorRT-LLM 预设其余的旋钮——乐观准入之下，它的 `trtllm` 策略（到达顺序、先解码、遇到放不下的请求就停止接纳）与 32 Token 的块开始起作用。
 #
 # 最后把旋钮全部拉平：以 vLLM 预设的全部设置覆盖另外三个预设（显式选项优先），结果应当与 vLLM **逐项相同**——预设里除了旋钮什么也没有：
 
@@ -409,13 +418,13 @@ W.interact(explore, workload=W.Dropdown(options=["chat", "rag"], value="chat"),
                                   description="req/s"));
 
 # %% [markdown]
-# ## 本章小结
+# ## 小结
 #
 # - 四个框架的调度默认值，归结为准入（乐观 / 按估计预留 / 按最坏情况预留）、分块与 Token 预算、路由器与并发上限几类旋钮；
 #   每一项都有版本与源文件（vLLM v0.11.0、SGLang v0.5.3、TensorRT-LLM 1.x、TGI v3.3.7），换模型或 GPU 时默认值会变。
 # - 在 Llama-2-13B / A100-80G 的 chat 负载上，准入把四者分成两组：vLLM 与 SGLang 的 TTFT 尾部低、容量高，vLLM 会抢占，
 #   SGLang 的估计预留几乎不抢占；TensorRT-LLM 与 TGI 预留到结束，从不抢占、TPOT 尾部低，但排队让 TTFT 尾部高、容量低。
-#   吞吐几乎相同。在预填充为主的 rag 负载上四者几乎重合。
+#   吞吐几乎相同。在预填充为主的 rag 负载上四者相差不大。
 # - 一次改一个旋钮就能把一个框架的结果变成另一个的；旋钮全部拉平后结果逐项相同——比较的是默认值，不是品牌。
 # - 预设只改变计算的先后：tiny 模型上四种预设的贪心输出逐 Token 相同。
 #
@@ -432,7 +441,7 @@ W.interact(explore, workload=W.Dropdown(options=["chat", "rag"], value="chat"),
 # 4. **换一块 GPU。** 把 `SIM` 的 `hardware` 改成 `"a100-40g"`（KV 池只有约三分之一）。按 20.1 节的出处，哪些框架的默认值会跟着变？
 #    预设没有跟着变（它固定在 A100-80GB 的档位），你需要显式改哪些选项才能代表 A100-40GB 上的 SGLang？两组的差距变大还是变小？
 # 5. **`max_tokens` 大于真实输出。** 设一个请求提示词 $p$ = 1,000、真实输出 $o$ = 200、客户端给的 `max_tokens` $m$ = 1,024，块大小 16。
-#    最坏情况预留占多少块？比按真实输出预留多多少？池里有 3,830 块（A100-80G 上 13B 的池），最坏情况预留最多能同时运行多少个这样的请求，
+#    最坏情况预留占多少块？比按真实输出预留多多少？池里有 {{POOL_TOKENS // 16:,}} 块（A100-80G 上 13B 的池，每块 16 Token），最坏情况预留最多能同时运行多少个这样的请求，
 #    按真实长度预留又是多少？
 #
 # <details><summary>提示与参考答案</summary>
@@ -446,8 +455,8 @@ W.interact(explore, workload=W.Dropdown(options=["chat", "rag"], value="chat"),
 # 4. SGLang 的 `chunked_prefill_size`（35–60 GiB 依版本 4096 或 8192）会变；vLLM 不变（A100 不论显存都取小的默认值）；
 #    TGI 的预填充预算还可能被它按显存算出的上限截小（`vram_maximum`）；
 #    要代表 A100-40GB 上较新的 SGLang，显式给 `max_num_batched_tokens=4096`。池小了，预留的代价更大，两组的差距一般变大。
-# 5. $\lceil (1000+1024)/16 \rceil = 127$ 块，按真实输出 $\lceil 1200/16 \rceil = 75$ 块，多 52 块（69%）；3,830 块能同时放
-#    $\lfloor 3830/127 \rfloor = 30$ 个，按真实长度是 $\lfloor 3830/75 \rfloor = 51$ 个。本章的模拟用的是后者（`max_tokens` 等于真实输出），
+# 5. $\lceil (1000+1024)/16 \rceil = 127$ 块，按真实输出 $\lceil 1200/16 \rceil = 75$ 块，多 52 块（69%）；{{POOL_TOKENS // 16:,}} 块能同时放
+#    $\lfloor {{POOL_TOKENS // 16}}/127 \rfloor = {{POOL_TOKENS // 16 // 127}}$ 个，按真实长度是 $\lfloor {{POOL_TOKENS // 16}}/75 \rfloor = {{POOL_TOKENS // 16 // 75}}$ 个。本章的模拟用的是后者（`max_tokens` 等于真实输出），
 #    所以它低估了最坏情况预留在真实部署里的代价。
 #
 # </details>
