@@ -18,8 +18,8 @@
 #   并说清 vLLM `gpu_memory_utilization` 是“每个实例”的比例；
 # - 写出时分复用的切换代价 $t_\text{switch} = W/B_\text{host}$，以及一次停顿 $D$ 在利用率 $\rho$ 下要再花 $D\rho/(1-\rho)$ 才能消化的排队；
 # - 读懂 `minibatch/cluster/multimodel.py` 的两条规则（GPU 上轮流执行各模型的步；常驻模型的时间片、排空与切换）；
-# - 在模拟的 A100-80G 上比较 Llama-2-7B + 13B 的三种部署：独占两张卡、一张卡划分显存、一张卡时分复用——SLO 达成率、GPU·秒成本与每卡服务容量，
-#   分别在稳定流量与分阶段流量下；
+# - 在模拟的 A100-80G 上比较 Llama-2-7B + 13B 的三种部署：独占部署（Dedicated Deployment，每个模型一张卡）、一张卡划分显存、一张卡时分复用——SLO 达成率、
+#   GPU·秒（GPU-seconds）成本与每卡服务容量，分别在稳定流量与分阶段流量下；
 # - 对放不下的组合（两个 13B 微调模型、一张 A100-40G）只比较放得下的方案；
 # - 复现统计复用：两个 7B 微调模型、两张卡，突发流量下“一模型一卡”与“每卡两模型 + 按模型路由”。
 
@@ -46,6 +46,7 @@ A, B = "llama-2-7b", "llama-2-13b"                # the two models of sections 2
 LEN = {"input_len": lognormal(median=512, sigma=0.6, max=2048),
        "output_len": lognormal(median=64, sigma=0.6, max=512)}
 SLO, TARGET = {"ttft": 1.0, "tpot": 0.1}, 0.9     # per request: TTFT <= 1 s and TPOT <= 100 ms; >= 90% of requests
+STEADY_S = 60.0                                   # seconds of traffic per steady-state measurement
 print("minibatch", minibatch.__version__)
 
 # %% [markdown]
@@ -116,10 +117,11 @@ md_table(["models", "GPU", "partitioned", "each alone (time-slice)", "partitione
 assert combo_fits["two 13B fine-tunes"] == (False, True) and combo_fits["two 7B fine-tunes"] == (True, True)
 assert combo_fits["Llama-2-70B + 7B"] == (False, False)
 w70 = get_model_spec("llama-2-70b").weight_bytes / GiB
+h200_gib = get_hardware("h200").memory_bytes / GiB
 
 # %% [markdown]
 # 两个 13B 微调模型在一张 A100-40G 上**分不下**（两份权重加预留已超过 0.9 × 40 GiB），但**单独**放得下——这正是时分复用的用武之地（25.5 节）。
-# Llama-2-70B 的权重约 {{w70:.0f}} GiB，比 0.9 × 141 GiB = {{0.9 * 141:.0f}} GiB 还多：它单独也放不进一张 H200，要张量并行（第 6 章），
+# Llama-2-70B 的权重约 {{w70:.0f}} GiB，比 0.9 × {{h200_gib:.0f}} GiB = {{0.9 * h200_gib:.0f}} GiB 还多：它单独也放不进一张 H200，要张量并行（第 6 章），
 # 更谈不上与 7B 同住。
 # 下图把三种布局画成一张卡的显存条（只画放得下的；时分复用画的是 7B 常驻的时刻）：
 
@@ -184,7 +186,7 @@ print(inspect.getsource(mm.switch_seconds))
 #
 # ## 25.3 minibatch 怎样模拟一张共享的卡
 #
-# `mm.run(workload, placement, mode, hardware, ...)` 的 `placement` 是每张卡上放的模型名列表，例如 `[[A, B]]`（一张卡两个模型）、
+# `mm.run(workload, placement, mode, hardware, ...)` 的 `placement`（放置，Placement）是每张卡上放的模型名列表，例如 `[[A, B]]`（一张卡两个模型）、
 # `[[A], [B]]`（各一张卡）、`[["chat", "code"], ["chat", "code"]]`（两张卡都放两个模型）。每个（卡, 模型）是一个真正的 `LLMEngine`
 # （自己的调度器与 KV 池，池的大小按上面的份额由模拟器算出）。两条规则决定一张卡上谁先跑：
 #
@@ -206,7 +208,8 @@ print(inspect.getsource(mm._GPU.update_drain))
 # ## 25.4 实验一：稳定的流量
 #
 # 负载：泊松到达，7B 与 13B 的请求数之比为 3 : 1（热度倾斜），提示词中位数 512、输出中位数 64（对数正态）。SLO：每个请求 TTFT ≤ 1 s
-# 且 TPOT ≤ 100 ms（逐请求判断），服务容量是达成率 ≥ 90% 的最高到达率。每个到达率 240 个请求，稳态取中间 60%（`trim=0.2`）。
+# 且 TPOT ≤ 100 ms（逐请求判断），服务容量是达成率 ≥ 90% 的最高到达率。每个到达率回放 {{STEADY_S:.0f}} s 的泊松流量（至少 240 个请求），稳态取中间 60%（`trim=0.2`）：
+# 回放太短时队列来不及长起来，测出的容量偏高（第 30 章 30.3 节）。
 # 先在 8 req/s 下用 3 个负载种子看三种部署，再用种子 1 扫到达率：
 
 # %%
@@ -216,7 +219,9 @@ def by_model(wl: Workload) -> Workload:
                      for r in wl], name=wl.name)
 
 
-def steady(rate, n=240, seed=1, popularity=(3, 1)):
+def steady(rate, n=None, seed=1, popularity=(3, 1)):
+    """STEADY_S seconds of Poisson traffic (at least 240 requests), the models drawn 3:1."""
+    n = n or max(240, int(rate * STEADY_S))
     return by_model(synthetic(n, rate, **LEN, seed=seed, tenants={A: popularity[0], B: popularity[1]}))
 
 
@@ -253,7 +258,7 @@ assert 1.8 < d["cost_per_1k"] / p["cost_per_1k"] < 2.2 and p["ttft_p99"] > d["tt
 # 再扫到达率（种子 1）：
 
 # %%
-RATES = [4.0, 8.0, 12.0, 16.0, 24.0]
+RATES = [4.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0]
 sweep = {}
 for rate in RATES:
     wl = steady(rate)
@@ -279,18 +284,22 @@ cost_ratio = {r: sweep["dedicated", r]["cost_per_1k"] / sweep["partition", r]["c
 md_table(["setup", "GPUs", "capacity (req/s)", "capacity per GPU (req/s)"],
          [[n, gpus[n], f"{cap[n]:g}", f"{per_gpu[n]:g}"] for n in SETUPS])
 assert cap["dedicated"] > cap["partition"] >= RATE0 and cap["time_slice"] < RATES[0]
-assert per_gpu["partition"] >= per_gpu["dedicated"] * 0.9 or cap["dedicated"] == RATES[-1]
+assert cap["dedicated"] < RATES[-1] and per_gpu["partition"] <= per_gpu["dedicated"], \
+    "the prose: per GPU, partitioning serves as much as dedicated GPUs, not more"
 print("cost, dedicated / partition:", {r: round(v, 2) for r, v in cost_ratio.items()})
+ok_ratios = [cost_ratio[r] for r in RATES if r <= cap["partition"]]
+cost_text = f"{min(ok_ratios):.1f}" if f"{min(ok_ratios):.1f}" == f"{max(ok_ratios):.1f}" else \
+    f"{min(ok_ratios):.1f}–{max(ok_ratios):.1f}"
 assert all(1.3 < cost_ratio[r] < 2.1 for r in RATES if r <= cap["partition"]) and cost_ratio[RATES[-1]] < cost_ratio[RATES[0]]
 
 # %% [markdown]
-# 在扫描的到达率里，独占两张卡的容量是 {{cap["dedicated"]:g}} req/s（扫描的最高点{{"，实际可能更高" if cap["dedicated"] == RATES[-1] else ""}}），
+# 在扫描的到达率里（{{", ".join(f"{r:g}" for r in RATES)}} req/s），独占两张卡的容量是 {{cap["dedicated"]:g}} req/s{{"（扫描的最高点，实际可能更高）" if cap["dedicated"] == RATES[-1] else ""}}，
 # 划分显存的一张卡是 {{cap["partition"]:g}} req/s，时分复用在最低的 {{RATES[0]:g}} req/s 就不达标。按卡算，
-# 划分显存每张卡承担 {{per_gpu["partition"]:g}} req/s，独占至少 {{per_gpu["dedicated"]:g}} req/s。
+# 划分显存每张卡承担 {{per_gpu["partition"]:g}} req/s，独占部署每张卡 {{per_gpu["dedicated"]:g}} req/s{{"（至少）" if cap["dedicated"] == RATES[-1] else ""}}：
+# 划分并没有让一张卡干更多的活，它省下的是负载不高时空转的那张卡。
 # 右图是成本：在一张卡还达标的到达率下（≤ {{cap["partition"]:g}} req/s），两张卡的成本是一张卡的
-# {{min(cost_ratio[r] for r in RATES if r <= cap["partition"]):.1f}}–{{max(cost_ratio[r] for r in RATES if r <= cap["partition"]):.1f}} 倍——
-# 多出来的大都花在空转上。不是正好两倍，因为成本按整次运行算：240 个请求里收尾（Drain）占了不小的一段，而一张卡上两个模型的收尾更长；
-# 一张卡饱和之后，积压把它的运行时长拖得更长，两者的成本越来越接近（那时它已不达标）。
+# {{cost_text}} 倍——多出来的大都花在空转上。不到两倍，是因为成本按整次运行算（第一个请求到达到最后一步结束），
+# 一张卡上两个模型的收尾（Drain）更长；一张卡饱和之后，积压把它的运行时长拖得更长，两者的成本越来越接近（那时它已不达标）。
 # 结论一：**几个模型一直都有流量、又放得下时，划分显存能在中低负载下以约一半的成本达到同样的 SLO；负载接近一张卡的能力时，
 # 划分的 KV 更小、两个模型争一张卡的计算，先于独占部署饱和**；时分复用不适合这种流量。
 #
@@ -399,7 +408,7 @@ assert e2e13["a100-40g"] > e2e13["a100-80g"]
 #
 # ## 25.6 多张卡：按模型路由与统计复用
 #
-# 最后看卡多于一张时。两个 7B 微调模型 `chat` 与 `code`（同一架构、两份权重），各自 16 req/s，两张 A100-80G。两种放法：
+# 最后看卡多于一张时。两个 7B 微调模型 `chat` 与 `code`（同一架构、两份权重），各自平均 8 req/s，两张 A100-80G。两种放法：
 #
 # - **一模型一卡**：`[["chat"], ["code"]]`，路由器只能把 `chat` 的请求送到卡 0；
 # - **每卡两模型**：`[["chat", "code"], ["chat", "code"]]`（显存划分），路由器在两张卡上服务该模型的引擎中挑请求最少的（`least_requests`）。
@@ -408,24 +417,24 @@ assert e2e13["a100-40g"] > e2e13["a100-80g"]
 # 两个模型的突发彼此独立。AlpaServe 的观察是：模型各占一组卡时，一个模型的突发只能用自己的卡；把所有模型都放到所有卡上
 # （AlpaServe 用模型并行让放不下的模型也能这样放），突发就能摊到所有卡上，而两个模型同时突发的概率很小。
 # 它的论文（OSDI'23）在生产负载上报告：在 99% 以上的请求满足延迟约束的前提下，能承受最多 10 倍的请求率或 6 倍的突发度。
-# 每种情形 3 个负载种子（每个模型 150 个请求），取中位数：
+# 每种情形 3 个负载种子（每个模型回放 60 s、480 个请求，稳态取中间 80%），取中位数：
 
 # %%
 TWINS = {"chat": A, "code": A}
 PLACES = {"one model per GPU": [["chat"], ["code"]], "both models on both GPUs": [["chat", "code"], ["chat", "code"]]}
 
 
-def two_streams(rate, burstiness, seed, n=150):
+def two_streams(rate, burstiness, seed, n=None):
     """Independent gamma arrivals for "chat" and "code", each at ``rate`` req/s."""
     out = []
     for k, m in enumerate(TWINS):
-        wl = synthetic(n, rate, burstiness=burstiness, **LEN, seed=10 * seed + k)
+        wl = synthetic(n or int(rate * TWIN_S), rate, burstiness=burstiness, **LEN, seed=10 * seed + k)
         out += [RequestSpec(r.arrival_time, r.prompt_len, r.max_tokens, request_id=f"{m}-{i}", model=m)
                 for i, r in enumerate(wl)]
     return Workload(sorted(out, key=lambda r: r.arrival_time), name="two streams")
 
 
-BURSTS, TWIN_RATE = [1.0, 0.05], 16.0
+BURSTS, TWIN_RATE, TWIN_S = [1.0, 0.05], 8.0, 60.0
 mux = {}
 for burst in BURSTS:
     for seed in SEEDS:
@@ -435,7 +444,7 @@ for burst in BURSTS:
             mux[name, burst, seed] = dict(res.summary(slo=SLO, trim=0.1), res=res)
 mx = {(n, b): {k: float(np.median([mux[n, b, s][k] for s in SEEDS])) for k in ("slo_attainment", "ttft_p99", "ttft_p50")}
       for n in PLACES for b in BURSTS}
-md_table(["placement (2 GPUs, 16 + 16 req/s, median of 3 seeds)"] + [f"burstiness {b:g}: {k}" for b in BURSTS
+md_table([f"placement (2 GPUs, {TWIN_RATE:g} + {TWIN_RATE:g} req/s, median of 3 seeds)"] + [f"burstiness {b:g}: {k}" for b in BURSTS
                                                                      for k in ("attainment", "TTFT p99 (s)")],
          [[n] + [v for b in BURSTS for v in (f"{mx[n, b]['slo_attainment']:.0%}", f"{mx[n, b]['ttft_p99']:.2f}")]
           for n in PLACES])
@@ -466,7 +475,8 @@ plt.show()
 # 每卡两模型时 p99 是 {{mx[pool, 0.05]["ttft_p99"]:.2f}} s、达成率 {{mx[pool, 0.05]["slo_attainment"]:.0%}}（三个种子里每一个的 p99 都更低）。
 # 左图里 `chat` 的一次突发只能排在卡 0 上，右图里它被路由器分到两张卡上。代价是每张卡上每个模型的 KV 只有划分后的那一份——
 # 这里 7B 的 KV 够用，换成更大的模型或更小的卡，划分的 KV 会先成为瓶颈，这就是 AlpaServe 要在“复用的收益”与“并行 / 划分的开销”之间做的取舍。
-# 这里的收益比论文小：只有两个模型、两张卡，突发能摊开的范围很有限。
+# 这里的收益比论文小：只有两个模型、两张卡，突发能摊开的范围很有限。统计复用摊开的是**突发**，不增加**平均**的服务能力：
+# 平均负载一高，突发时两张卡都满，复用就不再占优（练习 6）。
 #
 # ## 25.7 动手：换一种部署、换一种流量
 #
@@ -482,7 +492,7 @@ def explore(setup="partition", traffic="steady", rate=8.0, share_7b=0.75, max_sl
         if traffic == "steady":
             wl = steady(rate, popularity=(share_7b, 1 - share_7b)) if 0 < share_7b < 1 else \
                 Workload([RequestSpec(r.arrival_time, r.prompt_len, r.max_tokens, request_id=r.request_id,
-                                      model=A if share_7b >= 1 else B) for r in synthetic(240, rate, **LEN, seed=1)])
+                                      model=A if share_7b >= 1 else B) for r in synthetic(max(240, int(rate * STEADY_S)), rate, **LEN, seed=1)])
         else:
             wl = phased([A, B], rate=rate)
         placement, mode = SETUPS[setup]
@@ -539,6 +549,8 @@ W.interact(explore, setup=W.Dropdown(options=list(SETUPS), value="partition"),
 #    再从图里读出切换后 TTFT 回到 SLO 以下用了多久。用 25.2 节的 $D\rho/(1-\rho)$ 能解释这段时间吗？$\rho$ 该怎样估计？
 # 5. **统计复用的代价。** 把 25.6 节的两个 7B 换成两个 13B（`TWINS = {"chat": B, "code": B}`），到达率降到 6 req/s，再比较两种放法。
 #    每卡两模型还占优吗？看看每个引擎的 `kv_blocks_total`。
+# 6. **复用摊不开平均负载。** 把 25.6 节每个模型的到达率提到 16 req/s（`TWIN_RATE = 16.0`），突发度仍为 0.05，重跑。
+#    两种放法的达成率与 TTFT p99 怎样变？每卡两模型还占优吗？再把回放缩短到 10 s（`TWIN_S = 10.0`）看一次，结论可信吗？
 #
 # <details><summary>提示与参考答案</summary>
 #
@@ -554,6 +566,9 @@ W.interact(explore, setup=W.Dropdown(options=list(SETUPS), value="partition"),
 #    注意连续批处理下卡几乎总在“忙”（只要有一个请求在运行），`busy_gpu_seconds / duration_s` 不是 $\rho$。
 # 5. 两个 13B 的权重约 {{2 * get_model_spec(B).weight_bytes / GiB:.0f}} GiB，每卡两模型后每个模型的 KV 只剩约 {{mm.kv_tokens(B, HW, mm.partition_shares({"x": B, "y": B}, HW)["x"]):,}} 个 Token，
 #    能同时运行的请求大为减少；负载一高，划分的 KV 就抵消了复用的收益——AlpaServe 所说的取舍。
+# 6. 每个模型 16 req/s 时，一次突发就让两张卡都过载：两种放法的达成率都掉到一半以下，每卡两模型不再更好（有的种子更差——
+#    两个模型的步在一张卡上轮流执行，本身就有代价）。只回放 10 s 时却可能看到每卡两模型明显更好：很突发的流量下，
+#    10 s 里只有一两次突发，结论取决于它们落在哪里。突发越强，稳态测量越要长、种子越要多。
 #
 # </details>
 #

@@ -56,7 +56,7 @@ cm = make_cost_model(ENGINE["model"], ENGINE["hardware"])
 print("minibatch", minibatch.__version__, "|", cm.describe().splitlines()[0])
 
 
-def workload(rate, seed, duration=10.0, prompt=PROMPT, output=OUTPUT):
+def workload(rate, seed, duration=20.0, prompt=PROMPT, output=OUTPUT):
     """Poisson arrivals at ``rate`` req/s (the whole cluster) for ``duration`` seconds."""
     return synthetic(max(20, int(rate * duration)), rate, input_len=prompt, output_len=output, seed=seed)
 
@@ -219,7 +219,7 @@ assert t_x["10 Gb Ethernet"]["llama-2-13b"] > 4 * t_pre["llama-2-13b"]
 # ## 27.4 每 GPU 有效吞吐：同样 4 张 GPU
 #
 # 四种部署用同样 4 张 GPU：合置 4 个副本（不分块；分块 512），以及三种分离比例 1P3D、2P2D、3P1D（{{LINK_GBPS:.0f}} Gb/s 链路）。
-# 每 GPU 到达率从 1 req/s 起每次加 1，三个种子的中位达成率一低于 {{TARGET:.0%}} 就停（再往上只是更过载）；每次运行 10 秒的泊松到达，
+# 每 GPU 到达率从 1 req/s 起每次加 1，三个种子的中位达成率一低于 {{TARGET:.0%}} 就停（再往上只是更过载）；每次运行 20 秒的泊松到达，
 # 稳态指标去掉最先与最后 10% 到达的请求。服务容量按每个种子分别求（`capacity`），再取 3 个种子的中位数。
 
 # %% tags=["nbval-check-output"]
@@ -306,8 +306,8 @@ plt.show()
 #   {{med("1P3D", last["1P3D"], "ttft_p90"):.1f}} s），而三张解码 GPU 的 TPOT p90 只有 {{med("1P3D", last["1P3D"], "tpot_p90") * 1e3:.1f}} ms，远没用满。**分离本身不带来容量，比例才带来容量。**
 #
 # 两点说明。这里的容量分辨率是 1 req/s/GPU（扫描的步长）；`python benchmarks/cluster.py --disagg` 用二分法、每次至少 300 个请求做同样的比较，
-# 更精确也慢得多，不在本章的时间预算里。每次运行只有 10 秒的到达：预填充池接近饱和时，排队增长得很慢，
-# 短的运行会把以排队为瓶颈的配置（3P1D、2P2D 的预填充池）看得略微乐观——练习 2 请你把时长加倍，看容量怎样变。
+# 更精确也慢得多，不在本章的时间预算里。运行时长也要够：预填充池接近饱和时排队增长得很慢，太短的运行会把以排队为瓶颈的配置
+# （3P1D、2P2D 的预填充池）看得乐观——练习 2 请你把时长改成 10 秒与 60 秒，看容量怎样变。
 #
 # ## 27.5 P:D 比怎么选
 #
@@ -337,11 +337,13 @@ print(f"mu_p = {mu_p:.1f} prefills/s per GPU, B* = {b_star} (t_d = {cm.step_time
 assert max(predicted, key=predicted.get) == best, "the model and the measurement pick the same split"
 assert all(p * mu_p < (GPUS - p) * mu_d for p in (1, 2)), "1P3D and 2P2D are bound by their prefill pool"
 assert all(abs(cap[k] - v) <= 1.0 for k, v in predicted.items()), "the model is within the sweep's resolution"
+assert all(cap[k] <= v for k, v in predicted.items()), "the prediction is an upper bound"
 
 # %% [markdown]
 # 一张 A100 每秒能做约 {{mu_p:.1f}} 个这样的预填充，却能在 {{SLO["tpot"] * 1e3:.0f}} ms 的 TPOT 下同时解码 {{b_star}} 个请求、每秒送走约
 # {{mu_d:.0f}} 个：解码池的一张 GPU 抵得上预填充池的 {{mu_d / mu_p:.1f}} 张。所以这份“长提示词、短输出”的负载要 3P1D；1P3D 与 2P2D 都被预填充池卡住，
-# 模型预测的容量与测得的相差不超过扫描的分辨率。这个算法就是 DistServe 放置搜索的简化版：论文对每个阶段分别搜索并行方式与实例数，
+# 模型预测的容量与测得的相差不超过扫描的分辨率。预测的是瓶颈池 100% 忙时的上限，测得的容量都不高于它：TTFT 的 SLO 要求预填充池留有余量，
+# 它一满，排队就会把 TTFT 推过 SLO。这个算法就是 DistServe 放置搜索的简化版：论文对每个阶段分别搜索并行方式与实例数，
 # 用模拟器估计每个实例满足 SLO 的最大速率，再按到达率复制实例。比例取决于负载：输出越长、提示词越短，需要的解码 GPU 越多（27.6 节）。
 #
 # Splitwise 换了一个角度：既然解码不需要最新 GPU 的算力（访存受限），就让两池用**不同的硬件**——预填充用 H100，解码用更便宜或更省电的 A100。
@@ -350,7 +352,7 @@ assert all(abs(cap[k] - v) <= 1.0 for k, v in predicted.items()), "the model is 
 # ## 27.6 分离输在哪里
 #
 # **慢链路。** 3P1D 唯一的解码 GPU 要接收全部请求的 KV，它的链路利用率 $\rho_\text{link} = \lambda\, \mathbb{E}[bL] / W$。在每 GPU 4 req/s
-# （合置已经达不到 SLO、3P1D 还游刃有余的负载）下扫描链路带宽：
+# （合置已经达不到 SLO、3P1D 还能满足的负载）下扫描链路带宽：
 
 # %% tags=["nbval-check-output"]
 RATE_LINK = 4.0
@@ -523,9 +525,9 @@ W.interact(explore,
 #
 # ## 练习
 #
-# 1. **Llama-2-13B。** 把 `ENGINE` 的模型换成 `llama-2-13b`（多头注意力，每 Token 800 KiB 的 KV，A100-80G 上只放得下约 6 万 Token），
+# 1. **Llama-2-13B。** 把 `ENGINE` 的模型换成 `llama-2-13b`（多头注意力，每 Token {{kv_tok["llama-2-13b"] // 1024}} KiB 的 KV，A100-80G 上只放得下约 {{make_cost_model("llama-2-13b", "a100-80g").kv_capacity_tokens(0.9) / 1e4:.0f}} 万 Token），
 #    SLO 改为 TTFT ≤ 2 s、TPOT ≤ 60 ms，重跑 27.4 与 27.5 节。哪种部署最好？分离的优势变大还是变小？为什么？
-# 2. **运行时长。** 把 `workload` 的 `duration` 改成 20 秒重跑 27.4 节。哪些配置的容量变了？为什么以排队为瓶颈的配置对运行时长更敏感？
+# 2. **运行时长。** 把 `workload` 的 `duration` 改成 10 秒、再改成 60 秒重跑 27.4 节。哪些配置的容量变了？为什么以排队为瓶颈的配置对运行时长更敏感？
 # 3. **链路延迟。** 给 27.6 节的 3P1D 加上 `link_latency_s=0.05`。TTFT 会变吗？TPOT 呢？延迟与带宽，哪一个会让链路排队？
 # 4. **异构硬件（Splitwise）。** 用 `Disaggregation(3, 1, prefill_hardware="h100", decode_hardware="a100-80g")` 重跑 27.4 节的 3P1D。
 #    预填充池的 $\mu_p$ 变成多少？如果 H100 比 A100 贵 1.6 倍，按每美元的有效吞吐，哪种组合最划算？
@@ -534,9 +536,10 @@ W.interact(explore,
 # <details><summary>提示与参考答案</summary>
 #
 # 1. 13B 的解码访存量大（MHA），$t_d(B)$ 随 $B$ 增长得快，KV 池又小：$B^\ast$ 小得多，$\mu_d$ 掉下来，$\mu_d/\mu_p$ 接近 1，最优比例变成 2P2D 一类，
-#    而合置加分块与它差距不大。分离的收益来自“解码 GPU 能以大批量高效解码”，这个前提在 13B 上弱了。同时每次传输的字节数是 8B 的 6.25 倍，慢链路更早输。
-# 2. 合置的瓶颈是 TPOT，与时长关系不大；3P1D、2P2D 的瓶颈是预填充池的排队，$\rho \approx 1$ 时队列每秒只增长一点点，10 秒看不出来，
-#    20 秒的运行会让接近饱和的速率失败，容量下降。稳态测量要足够长，这是第 8 章讲过的。
+#    而合置加分块与它差距不大。分离的收益来自“解码 GPU 能以大批量高效解码”，这个前提在 13B 上弱了。同时每次传输的字节数是 8B 的 {{kv_tok["llama-2-13b"] / kv_tok["llama-3-8b"]:.2f}} 倍，慢链路更早输。
+# 2. 合置的瓶颈是 TPOT，与时长关系不大；3P1D、2P2D 的瓶颈是预填充池的排队，$\rho \approx 1$ 时队列每秒只增长一点点，10 秒看不出来：
+#    只回放 10 秒时 3P1D 在每 GPU 5 req/s 也能过 90%，容量被高估一级；60 秒时各配置在 20 秒测得的容量上仍然达标，但 2P2D 在 3 req/s 的达成率
+#    各种子相差很大、中位数贴着 90%——离饱和越近，测量越要长、种子越要多。稳态测量要足够长，这是第 8 章讲过的。
 # 3. TTFT 不变（在预填充端测）；TPOT 增加约 $\alpha/(L_\text{out}-1)$。延迟不占用链路（模型里 $\alpha$ 不计入链路忙的时间），带宽才会排队。
 # 4. $\mu_p$ 约按 H100 与 A100 的有效算力之比增长（`make_cost_model("llama-3-8b", "h100")`）；每美元的比较要用 (P×价格_H100 + D×价格_A100)
 #    去除容量。Splitwise 的结论是：预填充用新卡、解码用旧卡，成本与功耗更低。

@@ -5,7 +5,7 @@
 # 再跌回两百多。按**峰值**固定部署，低谷时大半 GPU 空转；按**均值**部署，高峰时排队、SLO 失守。**弹性伸缩**（Autoscaling）
 # 让副本数跟着负载走：指标高了加副本，低了减副本。可加副本不是瞬间的事——新副本要调度 GPU、加载权重、初始化，这段**冷启动**
 # （Cold Start）里它已经计费却不能服务；减副本也不能太急，否则负载一回来又要再冷启动一次。所以每个伸缩器都有三类旋钮：
-# **看什么指标**、**多久才动**（扩容延迟、缩容延迟、回看窗口）、**动多少**。
+# **看什么指标**、**多久才动**（扩容延迟 Upscale Delay、缩容延迟 Downscale Delay、回看窗口 Look-back Period）、**动多少**。
 #
 # 本章先读 Ray Serve 的伸缩规则（minibatch 的 `Autoscaler` 用同样的名字与规则），再在模拟器里用 Azure 对话 trace 比较固定部署与
 # 弹性伸缩的**成本**（副本秒，Replica-seconds）与 **SLO 达成率**，最后看同一套配置怎样交给真正的 Ray Serve，以及一次实测的 Ray Serve 伸缩。
@@ -37,6 +37,7 @@ from minibatch.cluster import Autoscaler
 from minibatch.cluster.ray_backend import parse_autoscale
 from minibatch.results import capacity
 from minibatch.runner import run
+from minibatch.sim import make_cost_model
 from minibatch.sim.hardware import get_hardware
 from minibatch.viz import md_table
 from minibatch.viz.cluster import replica_count
@@ -218,6 +219,9 @@ md_table(["static replicas (seed 1)"] + [str(n) for n in statics],
 print(f"the fewest static replicas meeting {ATTAIN:.0%}: {N_SLO}")
 assert N_SLO > N_PEAK, "the peak minute's mean rate is not enough: bursts inside the minute"
 assert statics[N_SLO][1]["e2e_p50"] > 60 / K, "a request outlasts a compressed minute"
+ctx16 = int(FULL.prompt_lens.mean() + FULL.output_lens.mean() / 2)      # a decoding request's mean context
+step16 = make_cost_model(ENGINE["model"], ENGINE["hardware"]).step_time([], [ctx16] * 16)
+assert step16 < 0.6 * SLO["tpot"], "the prose: a batch of 16 decodes well inside the TPOT SLO"
 
 # %% [markdown]
 # 按峰值那一分钟的均速配的 {{N_PEAK}} 个副本只满足 {{statics[N_PEAK][1]["slo_attainment"]:.1%}}：一分钟的均值抹平了分钟内的突发（泊松到达本身的起伏），
@@ -227,7 +231,7 @@ assert statics[N_SLO][1]["e2e_p50"] > 60 / K, "a request outlasts a compressed m
 # - **按均值固定**（{{N_MEAN}} 个）、**按峰值那一分钟固定**（{{N_PEAK}} 个）、**按 SLO 固定**（{{N_SLO}} 个，上面找到的）；
 # - **弹性伸缩**：`Autoscaler(min_replicas=1, max_replicas=10, target_ongoing_requests=16)`，Ray Serve 的默认延迟与回看窗口除以 {{K}}
 #   （扩容延迟 {{30 / K:g}} s、缩容延迟 {{600 / K:g}} s、回看 {{30 / K:g}} s），冷启动 {{60 / K:g}} s（实际 1 分钟，加载 16 GB 权重、初始化引擎）。
-#   一个副本 16 个进行中请求时批大小约 16，TPOT 还远在 SLO 以内；28.7 节扫描这个目标。
+#   一个副本 16 个进行中请求时批大小约 16，一步解码约 {{step16 * 1e3:.0f}} ms，在 {{SLO["tpot"] * 1e3:.0f}} ms 的 TPOT SLO 以内；28.7 节扫描这个目标。
 #
 # 成本是**副本秒**：每个副本从启动（含冷启动）到移除的时长之和（`summary()["replica_seconds"]`；固定部署就是副本数 × 运行时长，
 # 过载的部署要更久才把积压的请求做完）。
@@ -339,7 +343,7 @@ assert down[0]["replica_seconds"] < down[-1]["replica_seconds"], "a longer downs
 # ## 28.7 成本与达成率的前沿
 #
 # 把固定部署（2 到 6 个副本）与不同目标 $T$ 的弹性伸缩放在一张图上（种子 1），横轴是副本秒，纵轴是达成率。
-# 没有别的点同时更便宜、更达标的点，连起来就是**前沿**（Pareto front）：
+# 没有别的点同时更便宜、更达标的点，连起来就是**帕累托前沿**（Pareto Front，第 19 章）：
 
 # %% tags=["nbval-check-output"]
 front_pts = {f"static {n}": s for n, (_, s) in statics.items()}
@@ -467,7 +471,7 @@ W.interact(explore,
 # - 冷启动两头亏（达成率降、副本秒升）；扩容延迟用反应速度换稳定；缩容延迟用副本秒换少一次冷启动。
 # - 同一套参数原样交给 `serve --backend ray --autoscale`；实测的 Ray Serve 里，冷启动比伸缩延迟长一个数量级。
 #
-# 下一章（第 29 章）是故障排查手册：TTFT 突刺、吞吐崩塌、OOM 与抢占风暴。
+# 下一章（第 29 章）是故障排查手册：在第 1 章的 RAG 服务上注入慢副本、副本宕机、抢占风暴、KV 泄漏、流量激增与超长提示词，从监控指标诊断它们。
 #
 # ## 练习
 #
