@@ -6,7 +6,7 @@
 # 请求长度相差悬殊时，先来先服务（FCFS）让短请求排在长请求后面：这就是**队头阻塞**（Head-of-line Blocking）。
 # 本实验把两种对策写成 minibatch 的调度策略（Policy），每一个都由检查单元格插进真实的引擎（模拟器、虚拟时钟）里运行：
 # 按预测的输出长度排序的**最短作业优先**（SJF, Shortest Job First）与防止饥饿的**老化**（Aging）；FastServe 的**跳级加入多级反馈队列**
-# （Skip-join MLFQ）：时间片、跳级加入、降级与饥饿提升。最后是一道开放题：在一个没给你看过的负载上，让交互请求的 p99 E2E 胜过 FCFS，
+# （Skip-join MLFQ）：时间片、跳级加入、降级与饥饿提升。最后是一道开放题：在一个没给你看过的负载上，让所有请求的 p99 E2E 胜过 FCFS（快一倍以上），
 # 同时不让长的批处理请求饿过一个界限。
 #
 # **学习目标**
@@ -14,7 +14,7 @@
 # - 写出 SJF 的排序键：按预测的剩余输出排序，预测器每个请求只调用一次；
 # - 写出老化的排序键 $\text{key} = \text{剩余} - a \cdot \text{已等待秒数}$，并在引擎里看到它给长请求的等待设了上界；
 # - 写出 MLFQ 的四条规则：时间片 $q_i = q_0 \cdot 2^i$、跳级加入、用完时间片降级、久未服务提升，与 minibatch 的 `MLFQPolicy` 逐步一致；
-# - 会用两个相互制约的指标评价一个策略：交互请求的尾延迟，与长请求的最坏情况。
+# - 会用两个相互制约的指标评价一个策略：所有请求的尾延迟（p99），与长请求的最坏情况（最大值）；知道长请求占的比例决定了 p99 落在谁身上。
 #
 # **怎么做**：只修改带 `task:N` 标签的任务单元格（任务 3、4 在同一个类里，每个方法标明了属于哪个任务）。完成后评分：
 #
@@ -467,65 +467,92 @@ for trial in range(12):
 print(f"12 random workloads and parameter sets ({promoted} with starvation promotions): the same steps as MLFQPolicy")
 
 # %% [markdown]
-# ## 3. 交互请求与一批长任务
+# ## 3. 对话流量里的三个长任务
 #
-# 开放题的场景：一台 `max_num_seqs=8` 的服务器（模拟的 Llama-2-7B / A100-80G）在服务交互式的对话请求（`chat-*`：300 个，平均每秒 4 个，
-# 突发到达，输出中位数 64 Token）；某一时刻，一个批处理作业一次提交 8 个长请求（`batch-*`：提示词 500–2000、输出 1000–2000 Token）。
-# FCFS 把 8 个槽位全交给这批长请求，之后到的对话请求只能等它们生成完。下面比较 FCFS、非抢占的 SJF（任务 1 的规则）与默认参数的 MLFQ：
+# 开放题的场景：一台 `max_num_seqs=4` 的服务器（模拟的 Llama-2-7B / A100-80G）在服务交互式的对话请求（`chat-*`：500 个，平均每秒 2 个，
+# 突发到达，输出中位数 64 Token、最多 512）；某一时刻，一个批处理作业一次提交 3 个长请求（`batch-*`：提示词 500–2000、输出 2000–4000 Token）。
+# FCFS 让这 3 个长请求占住 4 个槽位中的 3 个、一占就是几十秒，之后到的对话请求挤在剩下的一个槽位上排队——这就是队头阻塞。
+# 指标是**所有请求**（包括长请求）的 E2E，取稳态：到达时间落在中间 80% 的请求（3 个长请求总在其中）。
+# 下面比较 FCFS、非抢占的 SJF（任务 1 的规则）与默认参数的 MLFQ：
 
 # %%
-CHAT_SIM = dict(max_num_seqs=8)
+CHAT_SIM = dict(max_num_seqs=4)
 
 
-def chat_and_batch(seed, n_chat=300, rate=4.0, n_batch=8):
+def chat_and_batch(seed, n_chat=500, rate=2.0, n_batch=3):
     """Bursty chat requests, and a batch job of n_batch long requests submitted at once (20-40% into the stream)."""
     chat = synthetic(n_chat, rate, burstiness=0.25, input_len=lognormal(median=256, sigma=0.8, max=2048),
                      output_len=lognormal(median=64, sigma=0.7, max=512), seed=seed, name="chat")
     rng = np.random.default_rng(seed + 1000)
     t0 = rng.uniform(0.2, 0.4) * chat[-1].arrival_time
-    batch = [RequestSpec(float(t0 + 0.05 * i), int(rng.integers(500, 2000)), int(rng.integers(1000, 2000)),
+    batch = [RequestSpec(float(t0 + 0.05 * i), int(rng.integers(500, 2000)), int(rng.integers(2000, 4000)),
                          request_id=f"batch-{i}") for i in range(n_batch)]
     return chat.merge(Workload(batch), name=f"chat+batch seed {seed}")
 
 
 def evaluate(policy, workload):
-    """Chat p99 E2E (steady state: chat arrivals in the middle 80%) and the slowest request's E2E."""
+    """E2E p50 and p99 over all requests (steady state: arrivals in the middle 80%), and the slowest request's E2E."""
     result = run(workload, engine=engine_with(policy, **CHAT_SIM))
     assert all(q.completed for q in result.requests), "every request completes"
-    chat = steady_state([q for q in result.requests if q.request_id.startswith("chat")], 0.1)
-    return dict(chat_p99=float(np.percentile([q.e2e for q in chat], 99)),
-                chat_p50=float(np.percentile([q.e2e for q in chat], 50)),
-                slowest=max(q.e2e for q in result.requests), result=result)
+    steady = steady_state(result.requests, 0.1)
+    e2e = [q.e2e for q in steady]
+    slowest = sorted(result.requests, key=lambda q: q.e2e, reverse=True)
+    return dict(p99=float(np.percentile(e2e, 99)), p50=float(np.percentile(e2e, 50)), n=len(steady),
+                n_long=sum(q.request_id.startswith("batch") for q in steady), slowest=slowest[0].e2e,
+                slowest_ids=[q.request_id for q in slowest], result=result)
 
 
 WORKLOAD = chat_and_batch(4)
+mlfq_default = MLFQPolicy()
 base = {"FCFS": evaluate("continuous", WORKLOAD),
         "SJF (non-preemptive)": evaluate(SJFPolicy(aging_tokens_per_s=0, prefill_weight=0), WORKLOAD),
-        "MLFQ (defaults)": evaluate(MLFQPolicy(), WORKLOAD)}
+        "MLFQ (defaults)": evaluate(mlfq_default, WORKLOAD)}
 fcfs = base["FCFS"]
+n_steady, n_long = fcfs["n"], fcfs["n_long"]
+rank = n_steady - math.floor(0.99 * (n_steady - 1))        # the p99 of n values is about the rank-th slowest
 for name, m in base.items():
-    print(f"{name:<21} chat E2E p50 {m['chat_p50']:5.2f} s, p99 {m['chat_p99']:5.2f} s; slowest request {m['slowest']:5.1f} s")
-print(f"to pass: chat p99 <= {0.5 * fcfs['chat_p99']:.2f} s and slowest request <= {2.5 * fcfs['slowest']:.1f} s")
-assert all(m["chat_p99"] > 0.5 * fcfs["chat_p99"] for name, m in base.items() if name != "FCFS"), \
-    "the prose says neither the non-preemptive SJF nor the default MLFQ passes the chat condition"
+    print(f"{name:<21} E2E p50 {m['p50']:5.2f} s, p99 {m['p99']:5.2f} s ({m['p99'] / fcfs['p99']:4.0%} of FCFS); "
+          f"slowest {m['slowest']:5.1f} s")
+print(f"{n_steady} steady-state requests, {n_long} of them long: p99 is about the {rank}th slowest")
+print(f"to pass: p99 <= {0.5 * fcfs['p99']:.2f} s and slowest request <= {2.5 * fcfs['slowest']:.1f} s")
+assert n_long == 3 and rank > n_long and sorted(fcfs["slowest_ids"][:3]) == ["batch-0", "batch-1", "batch-2"], \
+    "the prose says the 3 long requests are the slowest under FCFS, and the p99 lies below them"
+sjf_m, mlfq_m = base["SJF (non-preemptive)"], base["MLFQ (defaults)"]
+assert sjf_m["p99"] > fcfs["p99"] and 0.5 * fcfs["p99"] < mlfq_m["p99"] < fcfs["p99"] and mlfq_default.num_promotions > 0, \
+    "the prose says the non-preemptive SJF is worse than FCFS, the default MLFQ better but short of 50%, and MLFQ promotes"
+assert max(sjf_m["slowest"], mlfq_m["slowest"]) <= 2.5 * fcfs["slowest"], "the prose says neither starves the long requests"
+batch_arrival = min(q.arrival_time for q in WORKLOAD if q.request_id.startswith("batch"))
+assert WORKLOAD[-1].arrival_time - batch_arrival > 2.5 * fcfs["slowest"], \
+    "the prose says serving the long requests after the chat stream would break the bound"
 
 # %% [markdown]
-# ## 任务 5 · 交互请求的尾延迟，不饿死长任务（开放题，按阈值评分）
+# 为什么评 p99，而不评最大值？FCFS 下最慢的 3 个请求正是这 3 个长请求：它们一到就开始，E2E 接近自己生成几千个 Token 的时间，
+# 任何让别的请求先走的顺序都只会让它们更慢，所以“最大值胜过 FCFS”做不到，最大值只用来给饥饿设界限。稳态窗口里有 {{n_steady}} 个请求，
+# p99 大约是其中第 {{rank}} 慢的那个，比它更慢的只有 {{rank - 1}} 个；3 个长请求只占 {{n_long / n_steady:.2%}}（不到 1%），
+# 所以 p99 落在**短请求**上——正是被队头阻塞拖慢的那些。长请求的比例决定了 p99 落在谁身上：长请求多于 {{rank - 1}} 个，
+# p99 本身就是一个长请求，让短请求先走的顺序只会让它变差。第 21 章（21.2 节）的对话轨迹就是这样：输出长度是连续的长尾分布，
+# 最慢的 1% 本身就是长输出，SJF 把它们往后推，p99 E2E 反而成倍变差。
+#
+# 上表：非抢占的 SJF 的 p99 比 FCFS 还差——它只在**接纳**时偏向短请求，长任务一旦在某个空出来的槽位上开始，就一直占着它；
+# 默认参数的 MLFQ 会抢占，p99 好一些，但没有降到 FCFS 的一半：它不看长度，对话请求生成满
+# {{sum(mlfq_default.quantum(i) for i in range(mlfq_default.num_levels - 1))}} 个 Token 后就降到与长任务相同的最低级别，在那里按进入该级的先后排队；
+# 超过 `starve_limit_s=10` 秒没被调度的长任务还会被提回第 0 级（这次运行里提升了 {{mlfq_default.num_promotions}} 次）。两者都没让长请求饿过界限。
+#
+# ## 任务 5 · 所有请求的 p99 E2E 胜过 FCFS，不饿死长任务（开放题，按阈值评分）
 #
 # 写一个策略 `MyPolicy`（`Policy` 的子类；不许继承或调用 `SJFPolicy`、`MLFQPolicy`，任务 1–4 里你自己的类可以用），在这个负载上**同时**做到：
 #
 # | 指标 | 通过条件 | 为什么 |
 # |---|---|---|
-# | 对话请求 E2E 的 p99（稳态：到达时间落在中间 80% 的对话请求） | ≤ FCFS 的 50% | 目标：不让一批长任务堵住交互流量 |
+# | 所有请求 E2E 的 p99（稳态：到达时间落在中间 80% 的请求，长请求也算在内） | ≤ FCFS 的 50% | 目标：不让 3 个长任务堵住其余的请求 |
 # | 所有请求中最慢的 E2E | ≤ FCFS 下最慢请求的 2.5 倍 | 不饿死：长任务可以让路，但不能无限期地让 |
 #
-# 在上面这个负载上，两个条件就是：对话 p99 ≤ {{0.5 * fcfs['chat_p99']:.2f}} s，最慢请求 ≤ {{2.5 * fcfs['slowest']:.1f}} s。
-# 上一格的表说明了难点：非抢占的 SJF 只在**接纳**时偏向短请求，长任务一旦在某个空出来的槽位上开始，就一直占着它；默认参数的 MLFQ
-# 不看长度，对话请求生成几十个 Token 后也被降到和长任务相近的级别。
+# 在上面这个负载上，两个条件就是：p99 ≤ {{0.5 * fcfs['p99']:.2f}} s，最慢请求 ≤ {{2.5 * fcfs['slowest']:.1f}} s。第二个条件挡住的是
+# 把长任务一直往后推的策略：对话请求要持续约 {{WORKLOAD[-1].arrival_time:.0f}} s，等它们都走完才服务长任务，长任务的 E2E 就远超这个界限。
 #
-# 阈值的来由：参考答案在这个负载上、也在评分用的另一个负载种子上满足两个条件，而且离每个阈值都有余量（答案文件里检查单元格打印了它的数）；
-# 上表里的两个策略都过不了第一个条件。评分器会在一个**没给你看过**的种子上重新生成同样形状的负载、再检查一次（相对那个种子上的 FCFS），
-# 所以不要按这一个负载调参数，也不要按 `request_id` 认请求。
+# 阈值的来由：参考答案在这个负载上、在评分用的另一个种子上、也在另外十来个种子上都满足两个条件，而且离每个阈值都有余量
+# （答案文件里检查单元格打印了它的数）；上表里的两个策略都过不了第一个条件。评分器会在一个**没给你看过**的种子上重新生成同样形状的负载、
+# 再检查一次（相对那个种子上的 FCFS），所以不要按这一个负载调参数，也不要按 `request_id` 认请求。
 #
 # 可以用的信息：`state.running`、`state.waiting`、`state.now`，每个请求的 `sampling_params.max_tokens`（先知长度）、`num_output_tokens`、
 # `arrival_time`、`num_prompt_tokens`、`policy_state`；可以在 `__init__` 里设 `self.preemptive = True`，可以实现 `on_step`。
@@ -541,18 +568,20 @@ class MyPolicy(Policy):
         # one pause it (it keeps its KV); the default, False, puts every running request first.
         ### BEGIN SOLUTION
         self.preemptive = True
-        self.aging_tokens_per_s = 20.0
+        self.long_tokens = 1024       # a request that will generate more than this is a long job
+        self.max_yield_s = 60.0       # a long job yields to the short requests for at most this long
         ### END SOLUTION
 
     def schedule_order(self, state: SchedulerState) -> list[Request]:
         ### BEGIN SOLUTION
-        # Shortest remaining output first over running and waiting requests alike (SRPT): a chat request
-        # that arrives while the batch holds the slots pauses a batch request at the next step. Aging
-        # (20 tokens per second since arrival) lets a batch request that has waited long enough run ahead
-        # of new chat requests, which bounds how long the batch can be held back.
+        # Two length buckets (chapter 21), FCFS within each, preemptive. A long job yields to every short
+        # request: a short one that arrives while long jobs hold the slots pauses one of them at the next
+        # step, and the long jobs run in the slots the short ones leave free. After max_yield_s since its
+        # arrival a long job is promoted (aging) and goes by its arrival time like any other request, so
+        # no stream of short requests can hold it back for longer than that.
         def key(r: Request):
-            left = max(0, r.sampling_params.max_tokens - r.num_output_tokens)
-            return (left - self.aging_tokens_per_s * max(0.0, state.now - r.arrival_time), r.arrival_time)
+            yields = r.sampling_params.max_tokens > self.long_tokens and state.now - r.arrival_time < self.max_yield_s
+            return (yields, r.arrival_time)
 
         return sorted(state.running + state.waiting, key=key)
         ### END SOLUTION
@@ -569,6 +598,8 @@ def evaluate_mine(workload):
         cls.schedule_order = lambda self, state, cls=cls: calls.append(cls.__name__) or saved[cls](self, state)
     try:
         out = evaluate(policy, workload)
+    except RuntimeError as e:
+        raise AssertionError(f"some requests never finish: your order never lets them run (starvation). {e}") from None
     finally:
         for cls in FORBIDDEN:
             cls.schedule_order = saved[cls]
@@ -577,20 +608,22 @@ def evaluate_mine(workload):
 
 
 mine = evaluate_mine(WORKLOAD)
-print(f"yours: chat p99 {mine['chat_p99']:.2f} s (need <= {0.5 * fcfs['chat_p99']:.2f}), "
-      f"slowest {mine['slowest']:.1f} s (need <= {2.5 * fcfs['slowest']:.1f}); chat p50 {mine['chat_p50']:.2f} s")
-assert mine["chat_p99"] <= 0.5 * fcfs["chat_p99"], \
-    f"chat p99 E2E must be <= 50% of FCFS's {fcfs['chat_p99']:.2f} s; yours {mine['chat_p99']:.2f} s"
+print(f"yours: p99 {mine['p99']:.2f} s (need <= {0.5 * fcfs['p99']:.2f}), "
+      f"slowest {mine['slowest']:.1f} s (need <= {2.5 * fcfs['slowest']:.1f}); p50 {mine['p50']:.2f} s")
+assert mine["p99"] <= 0.5 * fcfs["p99"], \
+    f"p99 E2E over all requests must be <= 50% of FCFS's {fcfs['p99']:.2f} s; yours {mine['p99']:.2f} s"
 assert mine["slowest"] <= 2.5 * fcfs["slowest"], \
     f"the slowest request must finish within 2.5 x FCFS's slowest ({fcfs['slowest']:.1f} s); yours took {mine['slowest']:.1f} s (starvation)"
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3))
-for m, col, label in ((fcfs, "0.4", "FCFS"), (base["SJF (non-preemptive)"], "C1", "SJF, non-preemptive"), (mine, "C0", "yours")):
-    chat = np.sort([q.e2e for q in m["result"].requests if q.request_id.startswith("chat")])
-    ax1.step(chat, np.arange(1, len(chat) + 1) / len(chat), where="post", color=col, label=label)
+for m, col, label in ((fcfs, "0.4", "FCFS"), (base["MLFQ (defaults)"], "C1", "MLFQ, defaults"), (mine, "C0", "yours")):
+    e2e = np.sort([q.e2e for q in steady_state(m["result"].requests, 0.1)])
+    ax1.step(e2e, np.arange(1, len(e2e) + 1) / len(e2e), where="post", color=col, label=f"{label} (p99 {m['p99']:.1f} s)")
     batch = sorted((q.arrival_time, q.finish_time) for q in m["result"].requests if q.request_id.startswith("batch"))
     ax2.plot(range(len(batch)), [f - a for a, f in batch], "o-", color=col, label=label)
-ax1.set(xscale="log", xlabel="chat E2E (s)", ylabel="fraction", title="chat requests")
-ax2.set(xlabel="batch request", ylabel="E2E (s)", title="the batch job's requests")
+ax1.axhline(0.99, color="k", lw=0.5, ls=":")
+ax2.axhline(2.5 * fcfs["slowest"], color="C3", lw=1, ls="--", label="bound: 2.5 x FCFS's slowest")
+ax1.set(xscale="log", xlabel="E2E (s)", ylabel="fraction", title="all steady-state requests")
+ax2.set(xlabel="long request", ylabel="E2E (s)", title="the batch job's requests", ylim=(0, None))
 ax1.legend(fontsize=7)
 ax2.legend(fontsize=7)
 plt.tight_layout()
@@ -599,10 +632,10 @@ plt.show()
 # %% tags=["check:5", "hidden"]
 other = chat_and_batch(7)
 fcfs7, mine7 = evaluate("continuous", other), evaluate_mine(other)
-assert mine7["chat_p99"] <= 0.5 * fcfs7["chat_p99"], \
-    f"unseen seed: chat p99 E2E must be <= 50% of FCFS's {fcfs7['chat_p99']:.2f} s; yours {mine7['chat_p99']:.2f} s"
+assert mine7["p99"] <= 0.5 * fcfs7["p99"], \
+    f"unseen seed: p99 E2E over all requests must be <= 50% of FCFS's {fcfs7['p99']:.2f} s; yours {mine7['p99']:.2f} s"
 assert mine7["slowest"] <= 2.5 * fcfs7["slowest"], \
-    f"unseen seed: the slowest request must finish within 2.5 x FCFS's {fcfs7['slowest']:.1f} s; yours {mine7['slowest']:.1f} s"
+    f"unseen seed: the slowest request must finish within 2.5 x FCFS's {fcfs7['slowest']:.1f} s; yours {mine7['slowest']:.1f} s (starvation)"
 print("unseen workload seed: both thresholds met")
 
 # %% [markdown]
@@ -611,7 +644,9 @@ print("unseen workload seed: both thresholds met")
 # - SJF 按预测的剩余输出排序，平均等待最短；预测器要在留出的数据上评估，而且每个请求只算一次（第 21 章）。
 # - 纯 SJF 会让长请求饿到短请求流结束为止；老化让键值随等待时间下降，剩余 $S$ 的请求最多等 $(S-1)/a$ 秒就不再被新来的请求超过。
 # - MLFQ 不需要长度：时间片 $q_0 2^i$、跳级加入、降级与饥饿提升，让短请求自然先完成（第 23 章）。
-# - 非抢占的 SJF 只管接纳的先后：长任务一旦占上槽位就不让。要保护交互请求的尾延迟，需要抢占（按剩余长度或按已得到的服务），
+# - p99 只跳过最慢的 1%：长请求不到 1% 时，p99 落在被它们堵住的短请求上，调度能把它降下来；长请求更多时，p99 就是长请求本身，
+#   让短请求先走只会让它变差（第 21 章）。
+# - 非抢占的 SJF 只管接纳的先后：长任务一旦占上槽位就不让。要降低被堵住的短请求的尾延迟，需要抢占（按长度或按已得到的服务），
 #   而要给长任务一个最坏情况的保证，需要老化或饥饿提升这样的机制。
 #
 # **思考题**：把开放题负载里的先知长度换成有噪声的预测（`NoisyOracle(1.0)`），你的策略还能过两个阈值吗？不看长度的 MLFQ 怎样调参
