@@ -248,9 +248,14 @@ class Scheduler:
         return out
 
     def _chunk(self, room: int) -> int:
-        """The new tokens of a prompt chunk cut short by ``room`` (whole blocks under ``chunk_to_block``)."""
+        """The new tokens of a prompt chunk cut short by ``room`` (whole blocks under ``chunk_to_block``).
+
+        The unit is a block, or the whole token budget when that is smaller than a block: a budget
+        that cannot hold one block could otherwise never start a long prompt (TensorRT-LLM's
+        rounding would leave it at 0 forever); here an empty step gives it the whole budget."""
         if self.policy.chunk_to_block:
-            return room // self.kv.block_size * self.kv.block_size
+            unit = min(self.kv.block_size, self.config.max_num_batched_tokens)
+            return room // unit * unit
         return room
 
     def _allocate(self, req: Request, num_new: int, computed_blocks: list[int]) -> bool:

@@ -31,7 +31,9 @@ first refusal" (``stop_at_refusal``); it is ``preemptive`` so that under
 Differences that remain: without chunking, TensorRT-LLM ends the micro-batch at the
 first request over ``max_num_tokens`` (later generation requests wait a step), while
 minibatch's scheduler skips it and still runs later running requests; TensorRT-LLM's
-``MAX_UTILIZATION`` can also look two steps ahead (``twoStepsLookAhead``), not modelled.
+``MAX_UTILIZATION`` can also look two steps ahead (``twoStepsLookAhead``), not modelled; and a
+token budget smaller than one block chunks by the whole budget (rounded down to a block, such a
+chunk would be 0 tokens every step and the prompt would never start).
 """
 
 from __future__ import annotations
