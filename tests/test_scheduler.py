@@ -377,3 +377,45 @@ def test_a_policy_sees_the_configured_limits_and_the_queues_in_its_state():
     assert st.waiting == [a, b] and st.running == [] and st.kv is sched.kv
     st.waiting.pop()                                  # a copy: the policy cannot edit the queue
     assert list(sched.waiting) == [a, b]
+
+
+class Fallback(Fixed):
+    """Orders ``ids``; when none of them can run, falls back to ``fallback`` and records the state."""
+
+    name = "fixed-fallback"
+
+    def __init__(self, ids, fallback):
+        super().__init__(ids)
+        self.fallback, self.seen = fallback, []
+
+    def fallback_order(self, state):
+        self.seen.append((state.now, [r.request_id for r in state.running], [r.request_id for r in state.waiting]))
+        return Fixed(self.fallback).schedule_order(state)
+
+
+def test_the_fallback_order_sees_the_same_step_and_runs_when_the_order_cannot():
+    s = make(num_blocks=3)
+    running(s, req("r", 4))                              # 1 block; 2 free
+    s.add(req("big", 12))                                # needs 3 blocks: refused
+    s.policy = Fallback(["big"], ["r"])
+    batch = step(s, now=2.5)
+    # big cannot start, so nothing of the order runs; the fallback is asked once, at the same
+    # time (2.5) with the same queues, and r decodes.
+    assert s.policy.seen == [(2.5, ["r"], ["big"])]
+    assert items(batch) == [("r", 1)] and batch.preempted == []
+    # When the order runs, the fallback is not asked.
+    s.policy = Fallback(["r"], ["r"])
+    assert items(step(s, now=3.0)) == [("r", 1)] and s.policy.seen == []
+
+
+def test_preemptions_of_the_first_pass_are_kept_when_the_fallback_runs():
+    s = make(num_blocks=1)
+    a = req("a", 4)
+    running(s, a)                                        # holds the only block; position 4 needs another
+    s.add(req("w", 2))
+    s.policy = Fallback(["a"], ["w"])
+    batch = step(s)
+    # First pass: a cannot grow and has no victim, so it preempts itself (nothing runs); its block
+    # is free again, and the fallback's w (2 tokens, 1 block) starts. The step reports both.
+    assert batch.preempted == [a] and items(batch) == [("w", 2)]
+    assert s.num_preemptions == 1 and a.status is RequestStatus.WAITING
