@@ -414,8 +414,19 @@ def test_preemptions_of_the_first_pass_are_kept_when_the_fallback_runs():
     running(s, a)                                        # holds the only block; position 4 needs another
     s.add(req("w", 2))
     s.policy = Fallback(["a"], ["w"])
-    batch = step(s)
+    batch = step(s, now=1.5)
     # First pass: a cannot grow and has no victim, so it preempts itself (nothing runs); its block
     # is free again, and the fallback's w (2 tokens, 1 block) starts. The step reports both.
     assert batch.preempted == [a] and items(batch) == [("w", 2)]
     assert s.num_preemptions == 1 and a.status is RequestStatus.WAITING
+    assert s.running[0].first_scheduled_time == 1.5      # admitted by the fallback, at this step's time
+
+
+def test_the_preemption_counter_adds_up_over_steps():
+    s, (a, b, c, d) = _four_running()
+    assert step(s).preempted == [d]                      # a's position 4 needs a second block
+    # a: 6 tokens in 2 blocks; b, c: position 3, the last slot of their block; d waits (no block).
+    assert step(s).preempted == []
+    # b's position 4 needs a second block: the last running request in the order, c, goes.
+    assert step(s).preempted == [c]
+    assert s.num_preemptions == 2
