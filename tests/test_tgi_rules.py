@@ -191,3 +191,46 @@ def test_a_refused_prefill_becomes_a_decode_step():
     batch = s.schedule(1.0)
     assert [(q.request_id, n) for q, n in batch.items] == [("r", 1)]
     assert s.policy.plan == "decode" and [q.request_id for q in s.waiting] == ["w"]
+
+
+def test_reservations_are_capped_by_max_model_len():
+    # KV of 6 blocks of 4 tokens, max_model_len 12. r runs: 8 prompt + 4 generated tokens in 3 blocks;
+    # its final length min(8 + 8, 12) = 12 = 3 blocks, all held, so it reserves nothing more: 3 free.
+    kv = KVCacheManager(6, 4, max_model_len=12)
+    r = rq("r", 8, max_tokens=8, out=4)
+    assert kv.allocate_slots(r, 12)
+    r.num_computed_tokens = 12
+    a = rq("a", 4, max_tokens=10)
+    # a needs min(4 + 10, 12) = 12 tokens = 3 blocks <= 3 free (uncapped: 14 tokens, 4 blocks);
+    # under max_batch_total_tokens 24: 12 (r) + 12 (a) = 24 fits (uncapped: 16 + 14 = 30 does not).
+    state = st(running=[r], waiting=[a], kv=kv, config=cfg(max_batch_total_tokens=24))
+    assert TGIPolicy.final_len(r, kv) == 12 and TGIPolicy.final_len(a, kv) == 12
+    assert TGIPolicy.final_len(a, None) == 14
+    assert ids(TGIPolicy().select(state, 64, 4096, False)) == ["a"]
+    # One token less of total budget and a waits.
+    state = st(running=[r], waiting=[a], kv=kv, config=cfg(max_batch_total_tokens=23))
+    assert ids(TGIPolicy().select(state, 64, 4096, False)) == []
+
+
+def test_a_prefill_that_joined_the_batch_is_followed_by_a_decode_even_with_requests_waiting():
+    p = TGIPolicy()
+    batch = started(p, 3)
+    # floor(3 x 0.3) = 0: w joins at once; floor(4 x 0.3) = 1 would let x join next too, but a
+    # prefill that joined a running batch is always followed by one decode of the whole batch.
+    assert step(p, st(running=batch, waiting=[rq("w")])) == ["w"]
+    assert p.num_prefills == 2 and p.decode_next is True
+    w = rq("w", out=1)
+    assert step(p, st(running=batch + [w], waiting=[rq("x")])) == ids(batch) + ["w"]
+    assert step(p, st(running=batch + [w], waiting=[rq("x")])) == ["x"]
+    assert p.num_prefills == 3
+
+
+def test_only_a_refused_prefill_has_a_fallback():
+    p = TGIPolicy()
+    r = rq("r", out=1)
+    p.plan = "decode"                     # a decode that could not run: nothing else to try
+    assert p.fallback_order(st(running=[r])) is None
+    p.plan = "prefill"                    # a refused prefill decodes the running batch instead
+    assert ids(p.fallback_order(st(running=[r]))) == ["r"] and p.plan == "decode"
+    p.plan = "prefill"                    # ... and with nothing running there is nothing to decode
+    assert p.fallback_order(st()) is None
