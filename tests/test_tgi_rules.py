@@ -234,3 +234,52 @@ def test_only_a_refused_prefill_has_a_fallback():
     assert ids(p.fallback_order(st(running=[r]))) == ["r"] and p.plan == "decode"
     p.plan = "prefill"                    # ... and with nothing running there is nothing to decode
     assert p.fallback_order(st()) is None
+
+
+def test_next_batch_takes_at_most_max_size_requests():
+    w = [rq("a", 2), rq("b", 2), rq("c", 2)]
+    assert ids(TGIPolicy().select(st(waiting=w), 2, 4096, False)) == ["a", "b"]
+
+
+def test_a_full_batch_decodes_instead_of_prefilling():
+    # max_batch_size (max_num_seqs) 2, both running: no room, even though floor(2 x 0.3) = 0
+    # lets any waiting request join; chunked, the running ones run and nobody joins either.
+    p = TGIPolicy()
+    batch = started(p, 2)
+    assert step(p, st(running=batch, waiting=[rq("w")], max_num_seqs=2)) == ids(batch)
+    chunked = EngineConfig(policy="tgi", enable_chunked_prefill=True)
+    assert ids(TGIPolicy().schedule_order(st(running=batch, waiting=[rq("w")], config=chunked,
+                                              max_num_seqs=2))) == ids(batch)
+
+
+def test_chunked_prefill_budget_is_what_the_running_batch_leaves():
+    batch = [rq(f"b{i}", out=1) for i in range(10)]
+    p = TGIPolicy()
+    # 20 - 10 running tokens = 10: a (6) and b (4) fill it exactly; c (6) has no token left.
+    config = EngineConfig(policy="tgi", enable_chunked_prefill=True, max_batch_prefill_tokens=20)
+    w = [rq("a", 6), rq("b", 4), rq("c", 6)]
+    assert ids(p.schedule_order(st(running=batch, waiting=w, config=config))) == ids(batch) + ["a", "b"]
+    # 11 - 10 = 1 token left: a starts with a 1-token chunk.
+    config = EngineConfig(policy="tgi", enable_chunked_prefill=True, max_batch_prefill_tokens=11)
+    assert ids(p.schedule_order(st(running=batch, waiting=w, config=config))) == ids(batch) + ["a"]
+    # 10 - 10 = 0: nobody joins.
+    config = EngineConfig(policy="tgi", enable_chunked_prefill=True, max_batch_prefill_tokens=10)
+    assert ids(p.schedule_order(st(running=batch, waiting=w, config=config))) == ids(batch)
+
+
+def test_next_batch_counts_the_tokens_still_to_compute_and_the_blocks_still_needed():
+    # s was swapped out with 4 of its 6 prompt tokens computed and 1 block held: it needs 2 more
+    # tokens and blocks(6 + 4) - 1 = 2 more blocks. With a prefill budget of 4 and 5 free blocks,
+    # s (2 tokens, 2 blocks) and a (2 tokens, blocks(2 + 4) = 2) both fit; b fits neither the budget
+    # (4 tokens taken) nor the 1 block left.
+    kv = KVCacheManager(6, 4)
+    s = rq("s", 6, max_tokens=4)
+    assert kv.allocate_slots(s, 4)
+    s.num_computed_tokens = 4
+    w = [s, rq("a", 2, max_tokens=4), rq("b", 2, max_tokens=4)]
+    assert ids(TGIPolicy().select(st(waiting=w, kv=kv), 64, 4, False)) == ["s", "a"]
+    # The free blocks go down by what each chosen request takes: 6 free, a takes 2 (4 left),
+    # then c (blocks(6 + 6) = 3) fits; d (3) no longer does.
+    kv = KVCacheManager(6, 4)
+    w = [rq("a", 4, max_tokens=4), rq("c", 6, max_tokens=6), rq("d", 6, max_tokens=6)]
+    assert ids(TGIPolicy().select(st(waiting=w, kv=kv), 64, 4096, False)) == ["a", "c"]
