@@ -283,3 +283,28 @@ def test_next_batch_counts_the_tokens_still_to_compute_and_the_blocks_still_need
     kv = KVCacheManager(6, 4)
     w = [rq("a", 4, max_tokens=4), rq("c", 6, max_tokens=6), rq("d", 6, max_tokens=6)]
     assert ids(TGIPolicy().select(st(waiting=w, kv=kv), 64, 4096, False)) == ["a", "c"]
+
+
+def test_a_policy_switched_to_mid_run_starts_from_a_fresh_counter():
+    # A new TGIPolicy meets a running batch (policy switched mid-run): its counter is 0, not due.
+    batch = [rq(f"b{i}", out=1) for i in range(10)]
+    # max_waiting_tokens 1: 0 < 1 so the ratio rule holds; floor(10 x 0.3) = 3 > 1 waiting: decode.
+    p = TGIPolicy()
+    assert step(p, st(running=batch, waiting=[rq("w")], config=cfg(max_waiting_tokens=1))) == ids(batch)
+    assert p.waiting_tokens == 1                          # one decode counted
+    # With 3 running, floor(0.9) = 0: nothing owed to a decode, w is prefilled at the first step.
+    p = TGIPolicy()
+    assert step(p, st(running=batch[:3], waiting=[rq("w")])) == ["w"]
+
+
+def test_unchunked_a_joining_prefill_needs_min_size_requests_that_fit_and_cuts_none():
+    p = TGIPolicy()
+    batch = started(p, 10)
+    config = cfg(max_batch_prefill_tokens=12)
+    # floor(10 x 0.3) = 3 are waiting, but only w1 and w2 fit 12 prompt tokens: 2 < 3, decode.
+    w = [rq("w1", 6), rq("w2", 6), rq("w3", 6)]
+    assert step(p, st(running=batch, waiting=w, config=config)) == ids(batch)
+    # A small batch (floor(3 x 0.3) = 0): a (6) fits; b (30) is not cut to the 6 left, it waits.
+    p = TGIPolicy()
+    batch = started(p, 3)
+    assert step(p, st(running=batch, waiting=[rq("a", 6), rq("b", 30)], config=config)) == ["a"]
