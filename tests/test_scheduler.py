@@ -430,3 +430,22 @@ def test_the_preemption_counter_adds_up_over_steps():
     # b's position 4 needs a second block: the last running request in the order, c, goes.
     assert step(s).preempted == [c]
     assert s.num_preemptions == 2
+
+
+def test_a_step_that_preempts_tells_admission_how_many_it_preempted():
+    s, (a, b, c, d) = _four_running()
+    s.admission = adm = Conservative()
+    assert step(s).preempted == [d]
+    # SGLang's retract estimate after a preemption: (generated + 20 x running) / sum(max_tokens)
+    # over a, b, c with one token each: (3 + 60) / 24 > 1, capped at 1 (a decay would give < 0.7).
+    assert adm.new_token_ratio == 1.0
+
+
+def test_without_decode_budget_first_a_prompt_ahead_in_the_order_takes_the_whole_budget():
+    s = make(max_num_batched_tokens=8)
+    running(s, req("d", 4))
+    s.add(req("p", 10))
+    s.policy = Fixed(["p", "d"])
+    # vLLM's rule: the order is walked as it is; p's chunk takes all 8 tokens and d waits a step
+    # (decode_budget_first, TensorRT-LLM's rule, would keep 1 token for d and give p 7).
+    assert items(s.schedule(0.0)) == [("p", 8)]

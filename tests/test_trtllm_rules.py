@@ -180,6 +180,16 @@ def test_decodes_get_their_tokens_before_context_chunks():
     assert items(s.schedule(3.0)) == [("p", 8), ("d1", 1), ("d2", 1)]
 
 
+def test_only_running_decodes_are_set_aside_not_other_prompts_mid_chunk():
+    # Budget 13. p and q are both mid-prompt (8 of 20 computed), d1 decodes. Only d1's token is set
+    # aside: p gets 13 - 1 = 12 (three whole blocks), d1 its 1, and nothing is left for q.
+    s = sched(64, max_num_batched_tokens=13, enable_chunked_prefill=True)
+    running(s, "p", 20, out=0, arrival=0.0, computed=8)
+    running(s, "d1", 4, arrival=1.0)
+    running(s, "q", 20, out=0, arrival=2.0, computed=8)
+    assert items(s.schedule(3.0)) == [("p", 12), ("d1", 1)]
+
+
 def test_a_chunk_cut_short_is_rounded_down_to_whole_blocks():
     s = sched(64, max_num_batched_tokens=11, enable_chunked_prefill=True)
     running(s, "p", 20, out=0, arrival=0.0, computed=8)
