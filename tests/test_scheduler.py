@@ -449,3 +449,32 @@ def test_without_decode_budget_first_a_prompt_ahead_in_the_order_takes_the_whole
     # vLLM's rule: the order is walked as it is; p's chunk takes all 8 tokens and d waits a step
     # (decode_budget_first, TensorRT-LLM's rule, would keep 1 token for d and give p 7).
     assert items(s.schedule(0.0)) == [("p", 8)]
+
+
+def test_a_victim_met_later_in_the_order_is_skipped_and_the_requests_after_it_still_run():
+    # 5 blocks: a (4 tokens) 1 block and must grow, b and c 1 block each, d (6 tokens) 2 blocks.
+    s = make(num_blocks=5)
+    a, b, c, d = req("a", 4), req("b", 2), req("c", 2), req("d", 6)
+    running(s, a, b, c, d)
+    w = req("w", 2)
+    s.add(w)
+    batch = step(s)
+    # a evicts d, the last running request of the order [a, b, c, d, w], and takes one of its two
+    # blocks; the loop passes over d and still admits w into the other.
+    assert batch.preempted == [d]
+    assert items(batch) == [("a", 1), ("b", 1), ("c", 1), ("w", 2)]
+
+
+def test_a_swapped_out_request_is_asked_about_as_one_with_no_prefix_hit():
+    from kv_checking import KVCheckingExecutor
+    from minibatch.swap import Swapper
+
+    s, (a, b, c, d) = _four_running(preemption_mode="swap")
+    s.swapper = Swapper(s.kv, KVCheckingExecutor(4, BS), capacity_blocks=4)
+    assert step(s).preempted == [d] and d.status is RequestStatus.SWAPPED
+    s.admission = GuaranteedNoEvict()
+    # d would need blocks(min(2 + 8, 64)) = 3 blocks and none is free (a, b, c also reserve their
+    # futures): refused, it stays on the host; a, b, c decode within the blocks they hold.
+    batch = step(s)
+    assert items(batch) == [("a", 1), ("b", 1), ("c", 1)] and batch.preempted == []
+    assert d.status is RequestStatus.SWAPPED and s.swapper.num_used == 1

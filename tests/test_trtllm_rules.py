@@ -190,6 +190,15 @@ def test_only_running_decodes_are_set_aside_not_other_prompts_mid_chunk():
     assert items(s.schedule(3.0)) == [("p", 12), ("d1", 1)]
 
 
+def test_a_decode_already_scheduled_is_no_longer_set_aside():
+    # Budget 13. d1 (arrived first) decodes: 1 token, 12 left. p, mid-prompt, gets all 12 (three
+    # whole blocks): d1's token is not set aside a second time (that would leave 11 -> 8).
+    s = sched(64, max_num_batched_tokens=13, enable_chunked_prefill=True)
+    running(s, "d1", 4, arrival=0.0)
+    running(s, "p", 20, out=0, arrival=1.0, computed=8)
+    assert items(s.schedule(2.0)) == [("d1", 1), ("p", 12)]
+
+
 def test_a_chunk_cut_short_is_rounded_down_to_whole_blocks():
     s = sched(64, max_num_batched_tokens=11, enable_chunked_prefill=True)
     running(s, "p", 20, out=0, arrival=0.0, computed=8)
