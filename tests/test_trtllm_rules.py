@@ -199,6 +199,15 @@ def test_a_decode_already_scheduled_is_no_longer_set_aside():
     assert items(s.schedule(2.0)) == [("d1", 1), ("p", 12)]
 
 
+def test_a_decode_takes_its_token_from_what_is_left_not_minus_the_decodes_behind_it():
+    # Budget 2, three decodes in arrival order: d1 and d2 take one token each, d3 waits. (Setting
+    # aside the decodes behind it would leave d1 2 - 2 = 0 and skip it.)
+    s = sched(64, max_num_batched_tokens=2, enable_chunked_prefill=True)
+    for i in range(3):
+        running(s, f"d{i + 1}", 4, arrival=float(i))
+    assert items(s.schedule(3.0)) == [("d1", 1), ("d2", 1)]
+
+
 def test_a_chunk_cut_short_is_rounded_down_to_whole_blocks():
     s = sched(64, max_num_batched_tokens=11, enable_chunked_prefill=True)
     running(s, "p", 20, out=0, arrival=0.0, computed=8)
