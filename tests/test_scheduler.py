@@ -374,7 +374,7 @@ def test_a_policy_sees_the_configured_limits_and_the_queues_in_its_state():
     sched.add(b)
     st = sched.state(1.5)
     assert (st.now, st.max_num_seqs, st.max_num_batched_tokens, st.max_wait_s) == (1.5, 3, 40, 0.25)
-    assert st.waiting == [a, b] and st.running == [] and st.kv is sched.kv
+    assert st.waiting == [a, b] and st.running == [] and st.kv is sched.kv and st.config is sched.config
     st.waiting.pop()                                  # a copy: the policy cannot edit the queue
     assert list(sched.waiting) == [a, b]
 
