@@ -478,3 +478,53 @@ def test_a_swapped_out_request_is_asked_about_as_one_with_no_prefix_hit():
     batch = step(s)
     assert items(batch) == [("a", 1), ("b", 1), ("c", 1)] and batch.preempted == []
     assert d.status is RequestStatus.SWAPPED and s.swapper.num_used == 1
+
+
+def test_a_one_token_chunk_is_still_a_chunk():
+    s = make(max_num_batched_tokens=2)
+    running(s, req("a", 2))
+    s.add(req("p", 10))
+    # a's decode takes 1 of the 2 tokens; the 1 left is p's first chunk.
+    assert items(step(s)) == [("a", 1), ("p", 1)]
+
+
+class BlockChunks(Fixed):
+    """A preemptive order that cuts chunks to whole blocks and keeps admitting after a refusal."""
+
+    name = "fixed-block-chunks"
+    chunk_to_block = True
+
+    def __init__(self, ids):
+        super().__init__(ids, preemptive=True)
+
+
+def test_under_an_evicting_policy_a_prompt_that_gets_no_chunk_does_not_hold_back_later_ones():
+    s = make(max_num_batched_tokens=4)
+    running(s, req("d", 2))
+    p, w = req("p", 10), req("w", 1)
+    s.add(p)
+    s.add(w)
+    s.policy = BlockChunks(["d", "p", "w"])
+    # d decodes: 3 tokens left, less than a block of 4, so p gets no chunk and waits; the policy may
+    # evict (max_utilization) and does not stop at a refusal, so w (1 token) is still admitted.
+    assert items(step(s)) == [("d", 1), ("w", 1)]
+    assert p.status is RequestStatus.WAITING and p.num_computed_tokens == 0
+
+
+def test_without_chunking_under_an_evicting_policy_a_prompt_over_the_budget_left_holds_back_nobody():
+    s = make(max_num_batched_tokens=10, enable_chunked_prefill=False, policy="priority")
+    running(s, req("a", 3, priority=0))
+    s.add(req("big", 10, priority=1))
+    s.add(req("small", 3, priority=2))
+    # Order a, big, small. a decodes (9 left); big's 10 tokens wait for a step with room; priority
+    # under max_utilization may evict, so a refusal does not end admission: small (3) starts.
+    assert items(step(s)) == [("a", 1), ("small", 3)]
+
+
+def test_without_chunking_running_requests_after_a_prompt_that_waits_still_run():
+    s = make(max_num_batched_tokens=10, enable_chunked_prefill=False)
+    running(s, req("a", 3), req("r", 3))
+    s.add(req("big", 10))
+    s.policy = Fixed(["a", "big", "r"])
+    # a decodes (9 left); big (10) waits for a step with room; r, later in the order, still decodes.
+    assert items(step(s)) == [("a", 1), ("r", 1)]
