@@ -528,3 +528,13 @@ def test_without_chunking_running_requests_after_a_prompt_that_waits_still_run()
     s.policy = Fixed(["a", "big", "r"])
     # a decodes (9 left); big (10) waits for a step with room; r, later in the order, still decodes.
     assert items(step(s)) == [("a", 1), ("r", 1)]
+
+
+def test_a_request_admission_control_refuses_does_not_stop_running_ones_after_it():
+    s = make(num_blocks=8, admission="guaranteed_no_evict")
+    running(s, req("r", 4))                              # final 12 tokens: 3 blocks, holds 1
+    s.add(req("big", 16))                                # final 24 tokens: 6 blocks
+    s.policy = Fixed(["big", "r"])
+    # 6 + r's 2 reserved > 7 free: big is refused; r, after it in the order, still decodes.
+    assert items(step(s)) == [("r", 1)]
+    assert [q.request_id for q in s.waiting] == ["big"]
