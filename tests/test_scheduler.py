@@ -538,3 +538,57 @@ def test_a_request_admission_control_refuses_does_not_stop_running_ones_after_it
     # 6 + r's 2 reserved > 7 free: big is refused; r, after it in the order, still decodes.
     assert items(step(s)) == [("r", 1)]
     assert [q.request_id for q in s.waiting] == ["big"]
+
+
+def test_a_request_that_preempts_itself_frees_its_blocks_for_the_requests_after_it():
+    s = make(num_blocks=1)
+    a = req("a", 4)
+    running(s, a)                                        # the only block; position 4 needs another
+    w = req("w", 2)
+    s.add(w)
+    s.policy = Fixed(["a", "w"])
+    batch = step(s)
+    # a cannot grow and nobody after it runs: it preempts itself; w, next in the order, takes the block.
+    assert batch.preempted == [a] and items(batch) == [("w", 2)]
+
+
+class Listed(Policy):
+    """A policy that returns a fixed list of request objects (duplicates and strangers included)."""
+
+    name = "listed"
+
+    def __init__(self, order):
+        self.order = order
+
+    def schedule_order(self, state):
+        return list(self.order)
+
+
+def test_the_order_keeps_queued_requests_once():
+    s = make()
+    a = req("a", 4)
+    running(s, a)
+    ghost = req("ghost", 4)                              # never added: not in any queue
+    s.policy = Listed([a, a, ghost, a])
+    assert items(step(s)) == [("a", 1)]
+    assert ghost.status is RequestStatus.WAITING and s.kv.block_table("ghost") == []
+
+
+def test_a_waiting_request_that_evicts_keeps_its_prefix_hit():
+    s = make(num_blocks=6, enable_prefix_caching=True, policy="priority")
+    prefix = list(range(50, 58))
+    b = req("b", 11, priority=2)
+    running(s, b)                                        # 3 blocks
+    x = req("x", 8, max_tokens=1, tokens=prefix, priority=1)
+    s.add(x)
+    step(s)
+    s.remove(x)                                          # 2 cached free blocks + 1 free block
+    y = req("y", 13, tokens=prefix + [99, 98, 97, 96, 95], priority=0)
+    s.add(y)
+    hit, _ = s.kv.get_computed_blocks(y)
+    assert len(hit) == 2 and s.kv.num_free_blocks == 3
+    batch = step(s)
+    # y takes the 2 cached blocks out of the free queue and needs 2 more for tokens 8..12: 1 is
+    # free, so it evicts b; its table starts with the shared cached blocks, then 2 new ones.
+    assert batch.preempted == [b] and items(batch) == [("y", 5)]
+    assert s.kv.block_table("y")[:2] == hit and len(s.kv.block_table("y")) == 4

@@ -208,6 +208,19 @@ def test_a_decode_takes_its_token_from_what_is_left_not_minus_the_decodes_behind
     assert items(s.schedule(3.0)) == [("d1", 1), ("d2", 1)]
 
 
+def test_a_decode_evicted_this_step_is_no_longer_set_aside():
+    # 7 blocks, all held: a (5 tokens, 1 block) must grow; q is mid-prompt (8 of 20, 2 blocks); d, the
+    # last started, decodes in 4 blocks. a evicts d and takes 1 of its 4 blocks (3 free). Budget 13:
+    # a takes 1, and q's room is 12 (d's token is no longer set aside): 3 whole blocks, 3 free.
+    s = sched(7, admission="max_utilization", max_num_batched_tokens=13, enable_chunked_prefill=True)
+    running(s, "a", 4, arrival=0.0)
+    running(s, "q", 20, out=0, arrival=1.0, computed=8)
+    d = running(s, "d", 15, arrival=2.0)
+    assert s.kv.num_free_blocks == 0
+    batch = s.schedule(3.0)
+    assert batch.preempted == [d] and items(batch) == [("a", 1), ("q", 12)]
+
+
 def test_a_chunk_cut_short_is_rounded_down_to_whole_blocks():
     s = sched(64, max_num_batched_tokens=11, enable_chunked_prefill=True)
     running(s, "p", 20, out=0, arrival=0.0, computed=8)
