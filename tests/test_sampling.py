@@ -317,3 +317,14 @@ def test_logprobs_before_the_min_tokens_mask():
     lp, top = out[0]
     raw = torch.log_softmax(logits[0].double(), dim=-1)
     assert lp == pytest.approx(float(raw[2]), abs=1e-6) and top[0][0] == 0
+
+
+def test_logprobs_go_where_asked_and_only_to_rows_that_did_not_fail():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
+    reqs = [_req("a", temperature=0.0, logprobs=1), _req("b", temperature=0.0, logprobs=1)]
+    # No dict to fill: the tokens alone (argmax per row: 1 and 0).
+    assert sample(logits, reqs) == [1, 0]
+    # With failure isolation on and no row failing, every asking row gets its log probabilities.
+    out: dict = {}
+    assert sample(logits, reqs, errors={}, logprobs=out) == [1, 0]
+    assert sorted(out) == [0, 1] and out[0][1][0][0] == 1 and out[1][1][0][0] == 0
