@@ -574,3 +574,19 @@ def test_aborting_a_waiting_request_takes_it_out_and_tells_the_policy():
     drain(e)
     assert [r.request_id for r in finished] == ["w", "a"]
     assert e.kv.req_hashes == {} and e.kv.req_blocks == {}, "freed requests leave no block table or hashes"
+
+
+class CharsEncoding(Chars):
+    """``Chars`` that also encodes, adding a BOS (id 1) unless asked not to (Hugging Face's flag)."""
+
+    def encode(self, text, add_special_tokens=True):
+        assert add_special_tokens in (True, False), "a bool, as Hugging Face tokenizers take it"
+        return ([1] if add_special_tokens else []) + ids(text)
+
+
+def test_a_text_prompt_is_encoded_without_special_tokens():
+    e = engine()
+    e.tokenizer = CharsEncoding()
+    rid = e.add_request("cab", greedy())
+    # The prompt's own tokens only (c, a, b -> 12, 10, 11): no BOS in front, the text kept.
+    assert e.requests[rid].prompt_token_ids == [12, 10, 11] and e.requests[rid].prompt == "cab"
