@@ -278,6 +278,8 @@ def test_reject_events_carry_the_prompt_length_and_the_error():
     ([], greedy(), {}, "empty prompt: a request needs at least one token"),
     ([10, 200], greedy(), {}, "prompt token id 200 is outside the vocabulary [0, 128)"),
     ([10, -1], greedy(), {}, "prompt token id -1 is outside the vocabulary [0, 128)"),
+    ([10, 128], greedy(), {}, "prompt token id 128 is outside the vocabulary [0, 128)"),   # one past the end
+    ([0, 200], greedy(), {}, "prompt token id 200 is outside the vocabulary [0, 128)"),    # 0 is a token
     (list(range(10, 74)), greedy(), {},                                   # 64 tokens >= max_model_len 64
      "prompt of 64 tokens is too long: max_model_len is 64 (the prompt plus at least one generated token "
      "must fit)"),
@@ -317,6 +319,14 @@ def test_too_many_requests_in_flight_are_refused_with_the_limit_and_what_to_do()
                "(backpressure, TGI's max_concurrent_requests)")
     with pytest.raises(Overloaded, match=f"^{re.escape(message)}$"):
         e.add_request([11], greedy())
+    assert e.num_waiting == 1
+
+
+def test_the_edges_of_each_limit_are_accepted():
+    e = engine()
+    e.add_request([0, 127], greedy())                    # the first and the last id of 128
+    e = engine(enable_chunked_prefill=False, max_num_batched_tokens=16)
+    e.add_request(list(range(10, 26)), greedy())         # 16 tokens: the whole budget, unchunked
     assert e.num_waiting == 1
 
 
