@@ -328,6 +328,11 @@ def test_the_edges_of_each_limit_are_accepted():
     e = engine(enable_chunked_prefill=False, max_num_batched_tokens=16)
     e.add_request(list(range(10, 26)), greedy())         # 16 tokens: the whole budget, unchunked
     assert e.num_waiting == 1
+    e = engine(enable_chunked_prefill=False, max_batch_prefill_tokens=12)
+    e.add_request(list(range(10, 22)), greedy())         # 12 tokens: the whole prefill budget
+    e = engine(max_batch_total_tokens=30)
+    e.add_request(list(range(10, 20)), greedy(max_tokens=20))    # 10 + 20 = 30 tokens: all of it
+    assert e.num_waiting == 1
 
 
 def test_a_request_that_just_fits_is_accepted():
