@@ -605,3 +605,14 @@ def test_a_text_prompt_is_encoded_without_special_tokens():
     rid = e.add_request("cab", greedy())
     # The prompt's own tokens only (c, a, b -> 12, 10, 11): no BOS in front, the text kept.
     assert e.requests[rid].prompt_token_ids == [12, 10, 11] and e.requests[rid].prompt == "cab"
+
+
+def test_a_request_without_params_or_priority_gets_the_defaults():
+    events = []
+    e = engine(events=events)
+    e.subscribe(lambda ev, t, r, info: events.append(info))
+    rid = e.add_request([10, 11])
+    r = e.requests[rid]
+    assert r.priority == 0 and r.tenant is None
+    assert r.sampling_params.max_tokens == SamplingParams().max_tokens
+    assert events[-1] == {"prompt_len": 2, "priority": 0, "tenant": None}
