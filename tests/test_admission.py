@@ -200,3 +200,15 @@ def test_conservative_ratio_after_a_preemption_is_the_retract_estimate(lens, gen
         _running(s, _req(f"r{i}", 4, max_tokens), 4 + gen, gen)
     c.on_step(s, 1)
     assert c.new_token_ratio == pytest.approx(expected)
+
+
+def test_static_batch_before_any_step_counts_every_running_request_as_from_an_earlier_batch():
+    # A scheduler that has not built a step yet has admitted nobody "this step": a request
+    # already running (placed by hand here) belongs to an earlier batch, so static_batch refuses.
+    s = _scheduler("static_batch")
+    r = _req("r", 4, 4)
+    assert s.kv.allocate_slots(r, 4)
+    r.num_computed_tokens, r.status = 4, RequestStatus.RUNNING
+    s.running.append(r)
+    assert s.admitted_this_step == set()
+    assert s.admission.can_admit(s, _req("new", 4, 4), []) is False

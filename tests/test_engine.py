@@ -4,10 +4,12 @@ test asks for, in a fixed time per step), so every expected value is worked out 
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
 
+from minibatch.admission import Overloaded
 from minibatch.config import EngineConfig
 from minibatch.engine import LLMEngine
 from minibatch.executor import StepOutput
@@ -270,23 +272,67 @@ def test_reject_events_carry_the_prompt_length_and_the_error():
                     ("reject", 2.0, "x", {"error": "prompt too long"})]
 
 # -- validation ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("prompt, params, cfg, words", [
-    ([], greedy(), {}, "empty prompt"),
-    ([10, 200], greedy(), {}, "outside the vocabulary"),
-    ([10, -1], greedy(), {}, "outside the vocabulary"),
-    (list(range(10, 74)), greedy(), {}, "too long"),                      # 64 tokens >= max_model_len 64
+# The whole message, as a user reads it (values worked out from each case: vocabulary 128,
+# max_model_len 64, blocks of 4 tokens).
+@pytest.mark.parametrize("prompt, params, cfg, message", [
+    ([], greedy(), {}, "empty prompt: a request needs at least one token"),
+    ([10, 200], greedy(), {}, "prompt token id 200 is outside the vocabulary [0, 128)"),
+    ([10, -1], greedy(), {}, "prompt token id -1 is outside the vocabulary [0, 128)"),
+    ([10, 128], greedy(), {}, "prompt token id 128 is outside the vocabulary [0, 128)"),   # one past the end
+    ([0, 200], greedy(), {}, "prompt token id 200 is outside the vocabulary [0, 128)"),    # 0 is a token
+    (list(range(10, 74)), greedy(), {},                                   # 64 tokens >= max_model_len 64
+     "prompt of 64 tokens is too long: max_model_len is 64 (the prompt plus at least one generated token "
+     "must fit)"),
     (list(range(10, 30)), greedy(), {"enable_chunked_prefill": False, "max_num_batched_tokens": 16},
-     "max_num_batched_tokens"),
-    (list(range(10, 30)), greedy(max_tokens=20), {"num_kv_blocks": 9}, "KV blocks"),   # 40 tokens: 10 blocks
-    ([10, 11.0], greedy(), {}, "list of integers"),
-    ("text", greedy(), {}, "no tokenizer"),
+     "prompt of 20 tokens exceeds max_num_batched_tokens=16 and chunked prefill is off"),
+    (list(range(10, 24)), greedy(), {"enable_chunked_prefill": False, "max_batch_prefill_tokens": 12},
+     "prompt of 14 tokens exceeds max_batch_prefill_tokens=12 and chunked prefill is off"),
+    (list(range(10, 30)), greedy(max_tokens=20), {"max_batch_total_tokens": 30},     # 20 + 20 = 40 > 30
+     "request needs 40 tokens (prompt + max_tokens) but max_batch_total_tokens is 30 (the most the tgi "
+     "policy lets the batch hold)"),
+    (list(range(10, 30)), greedy(max_tokens=20), {"num_kv_blocks": 9},   # 40 tokens: 10 blocks
+     "request needs 10 KV blocks (40 tokens) but the whole cache has only 9; it can never be served"),
+    ([10, 11.0], greedy(), {}, "a token-id prompt must be a list of integers"),
+    (5, greedy(), {}, "a prompt must be a string or a list of token ids, got int"),
+    ("text", greedy(), {}, "this model has no tokenizer; pass the prompt as a list of token ids"),
+    ([10], {"max_tokens": 4}, {}, "sampling params must be a SamplingParams, got dict"),
 ])
-def test_bad_requests_raise_and_queue_nothing(prompt, params, cfg, words):
+def test_bad_requests_raise_and_queue_nothing(prompt, params, cfg, message):
     events = []
     e = engine(events=events, **cfg)
-    with pytest.raises(ValueError, match=words):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         e.add_request(prompt, params)
     assert e.requests == {} and events == [] and not e.has_unfinished_requests()
+
+
+def test_an_empty_text_prompt_is_refused_before_tokenizing():
+    e = engine(tokenizer=True)                       # Chars has no encode(): "" must not reach it
+    with pytest.raises(ValueError, match=r"^empty prompt: a request needs at least one token$"):
+        e.add_request("", greedy())
+    assert e.requests == {}
+
+
+def test_too_many_requests_in_flight_are_refused_with_the_limit_and_what_to_do():
+    e = engine(max_inflight_requests=1)
+    e.add_request([10], greedy())
+    message = ("overloaded: max_inflight_requests=1 requests are already waiting or running; retry later "
+               "(backpressure, TGI's max_concurrent_requests)")
+    with pytest.raises(Overloaded, match=f"^{re.escape(message)}$"):
+        e.add_request([11], greedy())
+    assert e.num_waiting == 1
+
+
+def test_the_edges_of_each_limit_are_accepted():
+    e = engine()
+    e.add_request([0, 127], greedy())                    # the first and the last id of 128
+    e = engine(enable_chunked_prefill=False, max_num_batched_tokens=16)
+    e.add_request(list(range(10, 26)), greedy())         # 16 tokens: the whole budget, unchunked
+    assert e.num_waiting == 1
+    e = engine(enable_chunked_prefill=False, max_batch_prefill_tokens=12)
+    e.add_request(list(range(10, 22)), greedy())         # 12 tokens: the whole prefill budget
+    e = engine(max_batch_total_tokens=30)
+    e.add_request(list(range(10, 20)), greedy(max_tokens=20))    # 10 + 20 = 30 tokens: all of it
+    assert e.num_waiting == 1
 
 
 def test_a_request_that_just_fits_is_accepted():
@@ -300,7 +346,7 @@ def test_a_request_that_just_fits_is_accepted():
 def test_duplicate_request_ids_are_refused():
     e = engine()
     e.add_request([10], greedy(), request_id="a")
-    with pytest.raises(ValueError, match="duplicate"):
+    with pytest.raises(ValueError, match=r"^duplicate request id 'a'$"):
         e.add_request([11], greedy(), request_id="a")
     assert e.num_waiting == 1
 
@@ -543,3 +589,30 @@ def test_aborting_a_waiting_request_takes_it_out_and_tells_the_policy():
     drain(e)
     assert [r.request_id for r in finished] == ["w", "a"]
     assert e.kv.req_hashes == {} and e.kv.req_blocks == {}, "freed requests leave no block table or hashes"
+
+
+class CharsEncoding(Chars):
+    """``Chars`` that also encodes, adding a BOS (id 1) unless asked not to (Hugging Face's flag)."""
+
+    def encode(self, text, add_special_tokens=True):
+        assert add_special_tokens in (True, False), "a bool, as Hugging Face tokenizers take it"
+        return ([1] if add_special_tokens else []) + ids(text)
+
+
+def test_a_text_prompt_is_encoded_without_special_tokens():
+    e = engine()
+    e.tokenizer = CharsEncoding()
+    rid = e.add_request("cab", greedy())
+    # The prompt's own tokens only (c, a, b -> 12, 10, 11): no BOS in front, the text kept.
+    assert e.requests[rid].prompt_token_ids == [12, 10, 11] and e.requests[rid].prompt == "cab"
+
+
+def test_a_request_without_params_or_priority_gets_the_defaults():
+    events = []
+    e = engine(events=events)
+    e.subscribe(lambda ev, t, r, info: events.append(info))
+    rid = e.add_request([10, 11])
+    r = e.requests[rid]
+    assert r.priority == 0 and r.tenant is None
+    assert r.sampling_params.max_tokens == SamplingParams().max_tokens
+    assert events[-1] == {"prompt_len": 2, "priority": 0, "tenant": None}

@@ -14,7 +14,7 @@ import random
 import sys
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import FixedStepTime, drive, hf_greedy
@@ -140,6 +140,11 @@ requests = st.lists(
        num_blocks=st.integers(4, 40), block_size=st.sampled_from([2, 4, 8]), max_num_seqs=st.integers(1, 6),
        budget=st.integers(4, 64), chunked=st.booleans(), prefix=st.booleans(), swap_space=st.integers(0, 24),
        max_wait_ms=st.sampled_from([0.0, 2.0]))
+# Found by Hypothesis: trtllm rounds chunks down to whole blocks, and a budget (4) below a block (8)
+# once left a 5-token prompt at 0 tokens every step.
+@example(reqs=[(0, 5, 1, 0, 0, 0)], policy="trtllm", admission="max_utilization", mode="recompute",
+         allocator="paged", num_blocks=4, block_size=8, max_num_seqs=1, budget=4, chunked=True, prefix=False,
+         swap_space=0, max_wait_ms=0.0)
 def test_random_workloads_keep_invariants(reqs, policy, admission, mode, allocator, num_blocks, block_size,
                                           max_num_seqs, budget, chunked, prefix, swap_space, max_wait_ms):
     prefixes = [[(g * 13 + j) % 50 + 3 for j in range(40)] for g in range(3)]

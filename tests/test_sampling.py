@@ -16,6 +16,7 @@ from minibatch.sampler import (
     argmax_rows,
     draw_inverse_cdf,
     sample,
+    token_logprobs,
 )
 
 
@@ -317,3 +318,42 @@ def test_logprobs_before_the_min_tokens_mask():
     lp, top = out[0]
     raw = torch.log_softmax(logits[0].double(), dim=-1)
     assert lp == pytest.approx(float(raw[2]), abs=1e-6) and top[0][0] == 0
+
+
+def test_logprobs_go_where_asked_and_only_to_rows_that_did_not_fail():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
+    reqs = [_req("a", temperature=0.0, logprobs=1), _req("b", temperature=0.0, logprobs=1)]
+    # No dict to fill: the tokens alone (argmax per row: 1 and 0).
+    assert sample(logits, reqs) == [1, 0]
+    # With failure isolation on and no row failing, every asking row gets its log probabilities.
+    out: dict = {}
+    assert sample(logits, reqs, errors={}, logprobs=out) == [1, 0]
+    assert sorted(out) == [0, 1] and out[0][1][0][0] == 1 and out[1][1][0][0] == 0
+
+
+def test_min_p_scales_by_each_rows_own_largest_probability():
+    # Row 0: 0.8, 0.1, 0.1 -> min_p 0.5 keeps >= 0.4: token 0 only. Row 1: 0.4, 0.3, 0.3 -> keeps
+    # >= 0.2: all three (scaled by the batch's largest, 0.8, it would keep token 0 only).
+    z = torch.tensor([[0.8, 0.1, 0.1], [0.4, 0.3, 0.3]]).log()
+    assert torch.isfinite(apply_min_p(z, [0.5, 0.5])).tolist() == [[True, False, False], [True, True, True]]
+
+
+def test_min_p_is_compared_in_the_logits_precision():
+    """float64 logits: probabilities 1/2, 1/4, 1/4 exactly; min_p = 1/2 + 2**-30 (which float32
+    would round to 1/2) puts the threshold just above 1/4, so only the first token stays."""
+    z = torch.tensor([[0.0, -math.log(2), -math.log(2)]], dtype=torch.float64)
+    assert torch.softmax(z, -1).tolist() == [[0.5, 0.25, 0.25]]
+    assert torch.isfinite(apply_min_p(z, [0.5 + 2 ** -30])).tolist() == [[True, False, False]]
+
+
+def test_min_tokens_ignores_stop_ids_outside_the_vocabulary():
+    # Vocabulary of 3: a stop id 3 (or more) cannot be produced, so there is nothing to mask for it.
+    logits = torch.tensor([[0.0, 1.0, 5.0]])
+    r = _req("r", eos=(2,), temperature=0.0, min_tokens=2, stop_token_ids=[3, 7])
+    assert sample(logits, [r]) == [1]                  # EOS (2) masked, the stop ids ignored
+
+
+def test_zero_logprobs_reports_the_sampled_tokens_alone():
+    row = torch.log_softmax(torch.tensor([0.0, 2.0, 1.0]), dim=-1)
+    lp, top = token_logprobs(row, 1, 0)
+    assert lp == pytest.approx(float(row[1])) and top == []

@@ -374,6 +374,221 @@ def test_a_policy_sees_the_configured_limits_and_the_queues_in_its_state():
     sched.add(b)
     st = sched.state(1.5)
     assert (st.now, st.max_num_seqs, st.max_num_batched_tokens, st.max_wait_s) == (1.5, 3, 40, 0.25)
-    assert st.waiting == [a, b] and st.running == [] and st.kv is sched.kv
+    assert st.waiting == [a, b] and st.running == [] and st.kv is sched.kv and st.config is sched.config
     st.waiting.pop()                                  # a copy: the policy cannot edit the queue
     assert list(sched.waiting) == [a, b]
+
+
+class Fallback(Fixed):
+    """Orders ``ids``; when none of them can run, falls back to ``fallback`` and records the state."""
+
+    name = "fixed-fallback"
+
+    def __init__(self, ids, fallback):
+        super().__init__(ids)
+        self.fallback, self.seen = fallback, []
+
+    def fallback_order(self, state):
+        self.seen.append((state.now, [r.request_id for r in state.running], [r.request_id for r in state.waiting]))
+        return Fixed(self.fallback).schedule_order(state)
+
+
+def test_the_fallback_order_sees_the_same_step_and_runs_when_the_order_cannot():
+    s = make(num_blocks=3)
+    running(s, req("r", 4))                              # 1 block; 2 free
+    s.add(req("big", 12))                                # needs 3 blocks: refused
+    s.policy = Fallback(["big"], ["r"])
+    batch = step(s, now=2.5)
+    # big cannot start, so nothing of the order runs; the fallback is asked once, at the same
+    # time (2.5) with the same queues, and r decodes.
+    assert s.policy.seen == [(2.5, ["r"], ["big"])]
+    assert items(batch) == [("r", 1)] and batch.preempted == []
+    # When the order runs, the fallback is not asked.
+    s.policy = Fallback(["r"], ["r"])
+    assert items(step(s, now=3.0)) == [("r", 1)] and s.policy.seen == []
+
+
+def test_preemptions_of_the_first_pass_are_kept_when_the_fallback_runs():
+    s = make(num_blocks=1)
+    a = req("a", 4)
+    running(s, a)                                        # holds the only block; position 4 needs another
+    s.add(req("w", 2))
+    s.policy = Fallback(["a"], ["w"])
+    batch = step(s, now=1.5)
+    # First pass: a cannot grow and has no victim, so it preempts itself (nothing runs); its block
+    # is free again, and the fallback's w (2 tokens, 1 block) starts. The step reports both.
+    assert batch.preempted == [a] and items(batch) == [("w", 2)]
+    assert s.num_preemptions == 1 and a.status is RequestStatus.WAITING
+    assert s.running[0].first_scheduled_time == 1.5      # admitted by the fallback, at this step's time
+
+
+def test_the_preemption_counter_adds_up_over_steps():
+    s, (a, b, c, d) = _four_running()
+    assert step(s).preempted == [d]                      # a's position 4 needs a second block
+    # a: 6 tokens in 2 blocks; b, c: position 3, the last slot of their block; d waits (no block).
+    assert step(s).preempted == []
+    # b's position 4 needs a second block: the last running request in the order, c, goes.
+    assert step(s).preempted == [c]
+    assert s.num_preemptions == 2
+
+
+def test_a_step_that_preempts_tells_admission_how_many_it_preempted():
+    s, (a, b, c, d) = _four_running()
+    s.admission = adm = Conservative()
+    assert step(s).preempted == [d]
+    # SGLang's retract estimate after a preemption: (generated + 20 x running) / sum(max_tokens)
+    # over a, b, c with one token each: (3 + 60) / 24 > 1, capped at 1 (a decay would give < 0.7).
+    assert adm.new_token_ratio == 1.0
+
+
+def test_without_decode_budget_first_a_prompt_ahead_in_the_order_takes_the_whole_budget():
+    s = make(max_num_batched_tokens=8)
+    running(s, req("d", 4))
+    s.add(req("p", 10))
+    s.policy = Fixed(["p", "d"])
+    # vLLM's rule: the order is walked as it is; p's chunk takes all 8 tokens and d waits a step
+    # (decode_budget_first, TensorRT-LLM's rule, would keep 1 token for d and give p 7).
+    assert items(s.schedule(0.0)) == [("p", 8)]
+
+
+def test_a_victim_met_later_in_the_order_is_skipped_and_the_requests_after_it_still_run():
+    # 5 blocks: a (4 tokens) 1 block and must grow, b and c 1 block each, d (6 tokens) 2 blocks.
+    s = make(num_blocks=5)
+    a, b, c, d = req("a", 4), req("b", 2), req("c", 2), req("d", 6)
+    running(s, a, b, c, d)
+    w = req("w", 2)
+    s.add(w)
+    batch = step(s)
+    # a evicts d, the last running request of the order [a, b, c, d, w], and takes one of its two
+    # blocks; the loop passes over d and still admits w into the other.
+    assert batch.preempted == [d]
+    assert items(batch) == [("a", 1), ("b", 1), ("c", 1), ("w", 2)]
+
+
+def test_a_swapped_out_request_is_asked_about_as_one_with_no_prefix_hit():
+    from kv_checking import KVCheckingExecutor
+    from minibatch.swap import Swapper
+
+    s, (a, b, c, d) = _four_running(preemption_mode="swap")
+    s.swapper = Swapper(s.kv, KVCheckingExecutor(4, BS), capacity_blocks=4)
+    assert step(s).preempted == [d] and d.status is RequestStatus.SWAPPED
+    s.admission = GuaranteedNoEvict()
+    # d would need blocks(min(2 + 8, 64)) = 3 blocks and none is free (a, b, c also reserve their
+    # futures): refused, it stays on the host; a, b, c decode within the blocks they hold.
+    batch = step(s)
+    assert items(batch) == [("a", 1), ("b", 1), ("c", 1)] and batch.preempted == []
+    assert d.status is RequestStatus.SWAPPED and s.swapper.num_used == 1
+
+
+def test_a_one_token_chunk_is_still_a_chunk():
+    s = make(max_num_batched_tokens=2)
+    running(s, req("a", 2))
+    s.add(req("p", 10))
+    # a's decode takes 1 of the 2 tokens; the 1 left is p's first chunk.
+    assert items(step(s)) == [("a", 1), ("p", 1)]
+
+
+class BlockChunks(Fixed):
+    """A preemptive order that cuts chunks to whole blocks and keeps admitting after a refusal."""
+
+    name = "fixed-block-chunks"
+    chunk_to_block = True
+
+    def __init__(self, ids):
+        super().__init__(ids, preemptive=True)
+
+
+def test_under_an_evicting_policy_a_prompt_that_gets_no_chunk_does_not_hold_back_later_ones():
+    s = make(max_num_batched_tokens=4)
+    running(s, req("d", 2))
+    p, w = req("p", 10), req("w", 1)
+    s.add(p)
+    s.add(w)
+    s.policy = BlockChunks(["d", "p", "w"])
+    # d decodes: 3 tokens left, less than a block of 4, so p gets no chunk and waits; the policy may
+    # evict (max_utilization) and does not stop at a refusal, so w (1 token) is still admitted.
+    assert items(step(s)) == [("d", 1), ("w", 1)]
+    assert p.status is RequestStatus.WAITING and p.num_computed_tokens == 0
+
+
+def test_without_chunking_under_an_evicting_policy_a_prompt_over_the_budget_left_holds_back_nobody():
+    s = make(max_num_batched_tokens=10, enable_chunked_prefill=False, policy="priority")
+    running(s, req("a", 3, priority=0))
+    s.add(req("big", 10, priority=1))
+    s.add(req("small", 3, priority=2))
+    # Order a, big, small. a decodes (9 left); big's 10 tokens wait for a step with room; priority
+    # under max_utilization may evict, so a refusal does not end admission: small (3) starts.
+    assert items(step(s)) == [("a", 1), ("small", 3)]
+
+
+def test_without_chunking_running_requests_after_a_prompt_that_waits_still_run():
+    s = make(max_num_batched_tokens=10, enable_chunked_prefill=False)
+    running(s, req("a", 3), req("r", 3))
+    s.add(req("big", 10))
+    s.policy = Fixed(["a", "big", "r"])
+    # a decodes (9 left); big (10) waits for a step with room; r, later in the order, still decodes.
+    assert items(step(s)) == [("a", 1), ("r", 1)]
+
+
+def test_a_request_admission_control_refuses_does_not_stop_running_ones_after_it():
+    s = make(num_blocks=8, admission="guaranteed_no_evict")
+    running(s, req("r", 4))                              # final 12 tokens: 3 blocks, holds 1
+    s.add(req("big", 16))                                # final 24 tokens: 6 blocks
+    s.policy = Fixed(["big", "r"])
+    # 6 + r's 2 reserved > 7 free: big is refused; r, after it in the order, still decodes.
+    assert items(step(s)) == [("r", 1)]
+    assert [q.request_id for q in s.waiting] == ["big"]
+
+
+def test_a_request_that_preempts_itself_frees_its_blocks_for_the_requests_after_it():
+    s = make(num_blocks=1)
+    a = req("a", 4)
+    running(s, a)                                        # the only block; position 4 needs another
+    w = req("w", 2)
+    s.add(w)
+    s.policy = Fixed(["a", "w"])
+    batch = step(s)
+    # a cannot grow and nobody after it runs: it preempts itself; w, next in the order, takes the block.
+    assert batch.preempted == [a] and items(batch) == [("w", 2)]
+
+
+class Listed(Policy):
+    """A policy that returns a fixed list of request objects (duplicates and strangers included)."""
+
+    name = "listed"
+
+    def __init__(self, order):
+        self.order = order
+
+    def schedule_order(self, state):
+        return list(self.order)
+
+
+def test_the_order_keeps_queued_requests_once():
+    s = make()
+    a = req("a", 4)
+    running(s, a)
+    ghost = req("ghost", 4)                              # never added: not in any queue
+    s.policy = Listed([a, a, ghost, a])
+    assert items(step(s)) == [("a", 1)]
+    assert ghost.status is RequestStatus.WAITING and s.kv.block_table("ghost") == []
+
+
+def test_a_waiting_request_that_evicts_keeps_its_prefix_hit():
+    s = make(num_blocks=6, enable_prefix_caching=True, policy="priority")
+    prefix = list(range(50, 58))
+    b = req("b", 11, priority=2)
+    running(s, b)                                        # 3 blocks
+    x = req("x", 8, max_tokens=1, tokens=prefix, priority=1)
+    s.add(x)
+    step(s)
+    s.remove(x)                                          # 2 cached free blocks + 1 free block
+    y = req("y", 13, tokens=prefix + [99, 98, 97, 96, 95], priority=0)
+    s.add(y)
+    hit, _ = s.kv.get_computed_blocks(y)
+    assert len(hit) == 2 and s.kv.num_free_blocks == 3
+    batch = step(s)
+    # y takes the 2 cached blocks out of the free queue and needs 2 more for tokens 8..12: 1 is
+    # free, so it evicts b; its table starts with the shared cached blocks, then 2 new ones.
+    assert batch.preempted == [b] and items(batch) == [("y", 5)]
+    assert s.kv.block_table("y")[:2] == hit and len(s.kv.block_table("y")) == 4

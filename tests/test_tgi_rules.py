@@ -236,3 +236,120 @@ def test_a_refused_prefill_becomes_a_decode_step():
     batch = s.schedule(1.0)
     assert [(q.request_id, n) for q, n in batch.items] == [("r", 1)]
     assert s.policy.plan == "decode" and [q.request_id for q in s.waiting] == ["w"]
+
+
+def test_reservations_are_capped_by_max_model_len():
+    # KV of 6 blocks of 4 tokens, max_model_len 12. r runs: 8 prompt + 4 generated tokens in 3 blocks;
+    # its final length min(8 + 8, 12) = 12 = 3 blocks, all held, so it reserves nothing more: 3 free.
+    kv = KVCacheManager(6, 4, max_model_len=12)
+    r = rq("r", 8, max_tokens=8, out=4)
+    assert kv.allocate_slots(r, 12)
+    r.num_computed_tokens = 12
+    a = rq("a", 4, max_tokens=10)
+    # a needs min(4 + 10, 12) = 12 tokens = 3 blocks <= 3 free (uncapped: 14 tokens, 4 blocks);
+    # under max_batch_total_tokens 24: 12 (r) + 12 (a) = 24 fits (uncapped: 16 + 14 = 30 does not).
+    state = st(running=[r], waiting=[a], kv=kv, config=cfg(max_batch_total_tokens=24))
+    assert TGIPolicy.final_len(r, kv) == 12 and TGIPolicy.final_len(a, kv) == 12
+    assert TGIPolicy.final_len(a, None) == 14
+    assert ids(TGIPolicy().select(state, 64, 4096, False)) == ["a"]
+    # One token less of total budget and a waits.
+    state = st(running=[r], waiting=[a], kv=kv, config=cfg(max_batch_total_tokens=23))
+    assert ids(TGIPolicy().select(state, 64, 4096, False)) == []
+
+
+def test_a_prefill_that_joined_the_batch_is_followed_by_a_decode_even_with_requests_waiting():
+    p = TGIPolicy()
+    batch = started(p, 3)
+    # floor(3 x 0.3) = 0: w joins at once; floor(4 x 0.3) = 1 would let x join next too, but a
+    # prefill that joined a running batch is always followed by one decode of the whole batch.
+    assert step(p, st(running=batch, waiting=[rq("w")])) == ["w"]
+    assert p.num_prefills == 2 and p.decode_next is True
+    w = rq("w", out=1)
+    assert step(p, st(running=batch + [w], waiting=[rq("x")])) == ids(batch) + ["w"]
+    assert step(p, st(running=batch + [w], waiting=[rq("x")])) == ["x"]
+    assert p.num_prefills == 3
+
+
+def test_only_a_refused_prefill_has_a_fallback():
+    p = TGIPolicy()
+    r = rq("r", out=1)
+    p.plan = "decode"                     # a decode that could not run: nothing else to try
+    assert p.fallback_order(st(running=[r])) is None
+    p.plan = "prefill"                    # a refused prefill decodes the running batch instead
+    assert ids(p.fallback_order(st(running=[r]))) == ["r"] and p.plan == "decode"
+    p.plan = "prefill"                    # ... and with nothing running there is nothing to decode
+    assert p.fallback_order(st()) is None
+
+
+def test_next_batch_takes_at_most_max_size_requests():
+    w = [rq("a", 2), rq("b", 2), rq("c", 2)]
+    assert ids(TGIPolicy().select(st(waiting=w), 2, 4096, False)) == ["a", "b"]
+
+
+def test_a_full_batch_decodes_instead_of_prefilling():
+    # max_batch_size (max_num_seqs) 2, both running: no room, even though floor(2 x 0.3) = 0
+    # lets any waiting request join; chunked, the running ones run and nobody joins either.
+    p = TGIPolicy()
+    batch = started(p, 2)
+    assert step(p, st(running=batch, waiting=[rq("w")], max_num_seqs=2)) == ids(batch)
+    chunked = EngineConfig(policy="tgi", enable_chunked_prefill=True)
+    assert ids(TGIPolicy().schedule_order(st(running=batch, waiting=[rq("w")], config=chunked,
+                                              max_num_seqs=2))) == ids(batch)
+
+
+def test_chunked_prefill_budget_is_what_the_running_batch_leaves():
+    batch = [rq(f"b{i}", out=1) for i in range(10)]
+    p = TGIPolicy()
+    # 20 - 10 running tokens = 10: a (6) and b (4) fill it exactly; c (6) has no token left.
+    config = EngineConfig(policy="tgi", enable_chunked_prefill=True, max_batch_prefill_tokens=20)
+    w = [rq("a", 6), rq("b", 4), rq("c", 6)]
+    assert ids(p.schedule_order(st(running=batch, waiting=w, config=config))) == ids(batch) + ["a", "b"]
+    # 11 - 10 = 1 token left: a starts with a 1-token chunk.
+    config = EngineConfig(policy="tgi", enable_chunked_prefill=True, max_batch_prefill_tokens=11)
+    assert ids(p.schedule_order(st(running=batch, waiting=w, config=config))) == ids(batch) + ["a"]
+    # 10 - 10 = 0: nobody joins.
+    config = EngineConfig(policy="tgi", enable_chunked_prefill=True, max_batch_prefill_tokens=10)
+    assert ids(p.schedule_order(st(running=batch, waiting=w, config=config))) == ids(batch)
+
+
+def test_next_batch_counts_the_tokens_still_to_compute_and_the_blocks_still_needed():
+    # s was swapped out with 4 of its 6 prompt tokens computed and 1 block held: it needs 2 more
+    # tokens and blocks(6 + 4) - 1 = 2 more blocks. With a prefill budget of 4 and 5 free blocks,
+    # s (2 tokens, 2 blocks) and a (2 tokens, blocks(2 + 4) = 2) both fit; b fits neither the budget
+    # (4 tokens taken) nor the 1 block left.
+    kv = KVCacheManager(6, 4)
+    s = rq("s", 6, max_tokens=4)
+    assert kv.allocate_slots(s, 4)
+    s.num_computed_tokens = 4
+    w = [s, rq("a", 2, max_tokens=4), rq("b", 2, max_tokens=4)]
+    assert ids(TGIPolicy().select(st(waiting=w, kv=kv), 64, 4, False)) == ["s", "a"]
+    # The free blocks go down by what each chosen request takes: 6 free, a takes 2 (4 left),
+    # then c (blocks(6 + 6) = 3) fits; d (3) no longer does.
+    kv = KVCacheManager(6, 4)
+    w = [rq("a", 4, max_tokens=4), rq("c", 6, max_tokens=6), rq("d", 6, max_tokens=6)]
+    assert ids(TGIPolicy().select(st(waiting=w, kv=kv), 64, 4096, False)) == ["a", "c"]
+
+
+def test_a_policy_switched_to_mid_run_starts_from_a_fresh_counter():
+    # A new TGIPolicy meets a running batch (policy switched mid-run): its counter is 0, not due.
+    batch = [rq(f"b{i}", out=1) for i in range(10)]
+    # max_waiting_tokens 1: 0 < 1 so the ratio rule holds; floor(10 x 0.3) = 3 > 1 waiting: decode.
+    p = TGIPolicy()
+    assert step(p, st(running=batch, waiting=[rq("w")], config=cfg(max_waiting_tokens=1))) == ids(batch)
+    assert p.waiting_tokens == 1                          # one decode counted
+    # With 3 running, floor(0.9) = 0: nothing owed to a decode, w is prefilled at the first step.
+    p = TGIPolicy()
+    assert step(p, st(running=batch[:3], waiting=[rq("w")])) == ["w"]
+
+
+def test_unchunked_a_joining_prefill_needs_min_size_requests_that_fit_and_cuts_none():
+    p = TGIPolicy()
+    batch = started(p, 10)
+    config = cfg(max_batch_prefill_tokens=12)
+    # floor(10 x 0.3) = 3 are waiting, but only w1 and w2 fit 12 prompt tokens: 2 < 3, decode.
+    w = [rq("w1", 6), rq("w2", 6), rq("w3", 6)]
+    assert step(p, st(running=batch, waiting=w, config=config)) == ids(batch)
+    # A small batch (floor(3 x 0.3) = 0): a (6) fits; b (30) is not cut to the 6 left, it waits.
+    p = TGIPolicy()
+    batch = started(p, 3)
+    assert step(p, st(running=batch, waiting=[rq("a", 6), rq("b", 30)], config=config)) == ["a"]

@@ -180,6 +180,47 @@ def test_decodes_get_their_tokens_before_context_chunks():
     assert items(s.schedule(3.0)) == [("p", 8), ("d1", 1), ("d2", 1)]
 
 
+def test_only_running_decodes_are_set_aside_not_other_prompts_mid_chunk():
+    # Budget 13. p and q are both mid-prompt (8 of 20 computed), d1 decodes. Only d1's token is set
+    # aside: p gets 13 - 1 = 12 (three whole blocks), d1 its 1, and nothing is left for q.
+    s = sched(64, max_num_batched_tokens=13, enable_chunked_prefill=True)
+    running(s, "p", 20, out=0, arrival=0.0, computed=8)
+    running(s, "d1", 4, arrival=1.0)
+    running(s, "q", 20, out=0, arrival=2.0, computed=8)
+    assert items(s.schedule(3.0)) == [("p", 12), ("d1", 1)]
+
+
+def test_a_decode_already_scheduled_is_no_longer_set_aside():
+    # Budget 13. d1 (arrived first) decodes: 1 token, 12 left. p, mid-prompt, gets all 12 (three
+    # whole blocks): d1's token is not set aside a second time (that would leave 11 -> 8).
+    s = sched(64, max_num_batched_tokens=13, enable_chunked_prefill=True)
+    running(s, "d1", 4, arrival=0.0)
+    running(s, "p", 20, out=0, arrival=1.0, computed=8)
+    assert items(s.schedule(2.0)) == [("d1", 1), ("p", 12)]
+
+
+def test_a_decode_takes_its_token_from_what_is_left_not_minus_the_decodes_behind_it():
+    # Budget 2, three decodes in arrival order: d1 and d2 take one token each, d3 waits. (Setting
+    # aside the decodes behind it would leave d1 2 - 2 = 0 and skip it.)
+    s = sched(64, max_num_batched_tokens=2, enable_chunked_prefill=True)
+    for i in range(3):
+        running(s, f"d{i + 1}", 4, arrival=float(i))
+    assert items(s.schedule(3.0)) == [("d1", 1), ("d2", 1)]
+
+
+def test_a_decode_evicted_this_step_is_no_longer_set_aside():
+    # 7 blocks, all held: a (5 tokens, 1 block) must grow; q is mid-prompt (8 of 20, 2 blocks); d, the
+    # last started, decodes in 4 blocks. a evicts d and takes 1 of its 4 blocks (3 free). Budget 13:
+    # a takes 1, and q's room is 12 (d's token is no longer set aside): 3 whole blocks, 3 free.
+    s = sched(7, admission="max_utilization", max_num_batched_tokens=13, enable_chunked_prefill=True)
+    running(s, "a", 4, arrival=0.0)
+    running(s, "q", 20, out=0, arrival=1.0, computed=8)
+    d = running(s, "d", 15, arrival=2.0)
+    assert s.kv.num_free_blocks == 0
+    batch = s.schedule(3.0)
+    assert batch.preempted == [d] and items(batch) == [("a", 1), ("q", 12)]
+
+
 def test_a_chunk_cut_short_is_rounded_down_to_whole_blocks():
     s = sched(64, max_num_batched_tokens=11, enable_chunked_prefill=True)
     running(s, "p", 20, out=0, arrival=0.0, computed=8)
@@ -189,6 +230,21 @@ def test_a_chunk_cut_short_is_rounded_down_to_whole_blocks():
     # A chunk that is the whole rest of the prompt is not rounded: p has 4 left next step.
     s.running[0].num_computed_tokens = 16
     assert items(s.schedule(3.0)) == [("p", 4), ("d1", 1)]
+
+
+def test_a_budget_smaller_than_a_block_still_starts_a_long_prompt():
+    # Budget 3 < a block of 4: rounding 3 down to whole blocks would give 0 tokens every step and
+    # the 6-token prompt would never start. The chunk unit is then the budget itself: 3, then 3.
+    s = sched(64, max_num_batched_tokens=3, enable_chunked_prefill=True)
+    p = waiting(s, "p", 6)
+    assert items(s.schedule(0.0)) == [("p", 3)]
+    p.num_computed_tokens = 3
+    assert items(s.schedule(1.0)) == [("p", 3)]
+    # With a decode set aside the room is 2 < 3: no chunk this step, the decode runs alone.
+    s2 = sched(64, max_num_batched_tokens=3, enable_chunked_prefill=True)
+    running(s2, "q", 10, out=0, arrival=0.0, computed=4)
+    running(s2, "d", 4, arrival=1.0)
+    assert items(s2.schedule(2.0)) == [("d", 1)]
 
 
 def test_without_chunking_a_context_runs_whole_or_waits():

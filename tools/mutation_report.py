@@ -75,8 +75,9 @@ def main(argv=None) -> int:
         checked = c["total"] - c["not checked"]
         live = checked - c["equivalent"]
         score = f"{c['killed'] / checked:.1%}" if checked else "-"
+        live_score = f"{c['killed'] / live:.1%}" if live else "-"      # nothing checked: no score
         print(f"| {module} | {c['total']} | {c['not checked']} | {c['killed']} | {c['equivalent']} | {c['survived']} | "
-              f"{c['no tests']} | {score} | {c['killed'] / live if live else 1:.1%} |")
+              f"{c['no tests']} | {score} | {live_score} |")
     if args.survivors:
         print(f"\n{len(unexplained)} survivors not listed in tests/mutants/*.md:")
         for key in unexplained:

@@ -38,7 +38,9 @@ minibatch's scheduler skips it and still runs later running requests; TensorRT-L
 ``MAX_UTILIZATION`` can also look two steps ahead (``twoStepsLookAhead``, later
 ``manyMicroBatches``) and reserves a new context's whole prompt at its first chunk, and both
 capacity policies skip a context whose first new block another context is computing this
-iteration (``beneficialToSkip``, block reuse): none of these is modelled.
+iteration (``beneficialToSkip``, block reuse): none of these is modelled. A token budget
+smaller than one block chunks by the room left, unrounded (rounded down to a block, such a
+chunk would be 0 tokens every step and the prompt would never start).
 """
 
 from __future__ import annotations
