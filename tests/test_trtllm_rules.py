@@ -234,17 +234,17 @@ def test_a_chunk_cut_short_is_rounded_down_to_whole_blocks():
 
 def test_a_budget_smaller_than_a_block_still_starts_a_long_prompt():
     # Budget 3 < a block of 4: rounding 3 down to whole blocks would give 0 tokens every step and
-    # the 6-token prompt would never start. The chunk unit is then the budget itself: 3, then 3.
+    # the 6-token prompt would never start. Such a budget chunks by the room left, unrounded: 3, then 3.
     s = sched(64, max_num_batched_tokens=3, enable_chunked_prefill=True)
     p = waiting(s, "p", 6)
     assert items(s.schedule(0.0)) == [("p", 3)]
     p.num_computed_tokens = 3
     assert items(s.schedule(1.0)) == [("p", 3)]
-    # With a decode set aside the room is 2 < 3: no chunk this step, the decode runs alone.
+    # With a decode set aside the room is 3 - 1 = 2: the prompt mid-chunk takes those 2 (not 0).
     s2 = sched(64, max_num_batched_tokens=3, enable_chunked_prefill=True)
     running(s2, "q", 10, out=0, arrival=0.0, computed=4)
     running(s2, "d", 4, arrival=1.0)
-    assert items(s2.schedule(2.0)) == [("d", 1)]
+    assert items(s2.schedule(2.0)) == [("q", 2), ("d", 1)]
 
 
 def test_without_chunking_a_context_runs_whole_or_waits():
