@@ -148,7 +148,7 @@ def _wall_steps(engine, start):
 
 
 def vllm_side_by_side(model_path: str, workloads: dict, rounds: int, settings: list[str],
-                      log_dir: Path) -> dict:
+                      log_dir: Path, minibatch_threads: list[int] = ()) -> dict:
     """minibatch vs vLLM (one worker per vLLM setting), alternating, the idle ones stopped."""
     sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
     import locate
@@ -162,12 +162,17 @@ def vllm_side_by_side(model_path: str, workloads: dict, rounds: int, settings: l
           f"{rounds} rounds; load average {load_average()}", flush=True)
     env_mb = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     env_mb.pop("OMP_WAIT_POLICY", None)        # minibatch's own default, as a user gets it
-    names = ["minibatch"] + [f"vllm[{s}]" for s in settings]
+    names = (["minibatch"] + [f"minibatch[OMP_NUM_THREADS={n}]" for n in minibatch_threads]
+             + [f"vllm[{s}]" for s in settings])
     workers = {}
     try:
         t = time.perf_counter()
         workers["minibatch"] = Worker("minibatch", model_path, sys.executable, env_mb,
                                       log_dir / "offline_minibatch.log")
+        for n in minibatch_threads:
+            workers[f"minibatch[OMP_NUM_THREADS={n}]"] = Worker(
+                "minibatch", model_path, sys.executable, dict(env_mb, OMP_NUM_THREADS=str(n)),
+                log_dir / f"offline_minibatch_threads{n}.log")
         for s in settings:
             workers[f"vllm[{s}]"] = Worker("vllm", model_path, str(locate.vllm_python()),
                                            locate.vllm_env(s), log_dir / f"offline_vllm_{s}.log")
@@ -235,6 +240,8 @@ def main(argv=None) -> int:
     ap.add_argument("--vllm-settings", default=None,
                     help="comma-separated vLLM CPU set-ups (benchmarks/peers/locate.py VLLM_SETTINGS); "
                          "default: the best one found here")
+    ap.add_argument("--minibatch-threads", default="",
+                    help="also minibatch with these OMP_NUM_THREADS values (comma-separated), beside vLLM")
     ap.add_argument("--log-dir", default="/tmp", help="where the engine processes' logs go")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -247,7 +254,8 @@ def main(argv=None) -> int:
         model_path = str(resolve_model_path(args.model))
         vocab = json.loads(Path(model_path, "config.json").read_text())["vocab_size"]
         res = vllm_side_by_side(model_path, {"skewed": skewed_workload(vocab), "uniform": uniform_workload(vocab)},
-                                args.rounds, settings, Path(args.log_dir))
+                                args.rounds, settings, Path(args.log_dir),
+                                [int(n) for n in args.minibatch_threads.split(",") if n])
         if args.out:
             Path(args.out).write_text(json.dumps(res, indent=2))
         return 0

@@ -1,5 +1,6 @@
-"""Threads sized to the step (``minibatch.kernels.cpu_threads``): a CPU step of at most
-``ONE_THREAD_TOKENS`` tokens runs on one OpenMP thread, larger steps on torch's count; the
+"""Threads sized to the step (``minibatch.kernels.cpu_threads``, off by default): with
+``ONE_THREAD_TOKENS`` set, a CPU step of at most that many tokens runs on one OpenMP
+thread, larger steps on torch's count; the
 setting is the calling thread's own and is restored after the step, and it changes no
 greedy token. Behaviour only: how fast either way is measured by
 ``benchmarks/decode_sweep.py``, never here."""
@@ -30,7 +31,7 @@ def test_the_rule():
     assert step_threads(9, 4, limit=8) == 4
     assert step_threads(1, 4, limit=0) == 4          # 0 turns it off
     assert step_threads(0, 4, limit=8) == 4          # an empty step changes nothing
-    assert cpu_threads.ONE_THREAD_TOKENS >= 1        # on by default
+    assert cpu_threads.ONE_THREAD_TOKENS == 0 and cpu_threads.step_threads(1, 4) == 4   # off by default
 
 
 def test_set_for_the_body_and_restored(two_threads):
@@ -86,6 +87,7 @@ def _steps_threads(llm, monkeypatch, prompts, max_tokens):
 
 
 def test_small_steps_run_on_one_thread(llm, two_threads, monkeypatch):
+    monkeypatch.setattr(cpu_threads, "ONE_THREAD_TOKENS", 8)
     seen, _ = _steps_threads(llm, monkeypatch, [list(range(10, 50))], 4)
     assert set(seen) == {(40, 2), (1, 1)}, seen       # the prefill on two, each decode on one
     assert torch.get_num_threads() == 2
@@ -98,6 +100,7 @@ def test_turned_off_every_step_keeps_torch_count(llm, two_threads, monkeypatch):
 
 
 def test_greedy_tokens_do_not_depend_on_it(llm, two_threads, monkeypatch):
+    monkeypatch.setattr(cpu_threads, "ONE_THREAD_TOKENS", 8)
     prompts = [list(range(10, 40)), list(range(200, 217)), [7, 300, 12, 900, 45]]
     on = [llm.generate([p], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))[0].outputs[0].token_ids
           for p in prompts]                          # batch 1: every decode step on one thread

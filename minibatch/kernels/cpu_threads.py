@@ -10,8 +10,17 @@ projections per layer, attention, the LM head) of a few microseconds of work eac
 the wake-ups cost more than a second thread saves. With a team of one thread, no region
 wakes or waits for anyone: the step is serial and runs wherever the OS puts it.
 
-Above ``MINIBATCH_ONE_THREAD_TOKENS`` tokens in the step (the decode batch plus prefill
-tokens) the step keeps torch's thread count. The setting is per calling thread
+Off by default (``MINIBATCH_ONE_THREAD_TOKENS=0``): measured on this project's 2-core
+machine while it was heavily loaded (load average 10-20), it did not hold up. Separate
+engine processes alternating round by round (``benchmarks/decode_sweep.py``) put a
+one-thread batch-1 step at 12-16 ms against 16-19 ms on two passive threads, but one
+process alternating the two settings every few steps put it at 12.5 ms against 8.4 ms
+alone and ~20 ms against ~3.5 ms with a second engine beside it: with the memory system
+that contended, a batch-1 projection took ~0.3 ms instead of ~0.02 ms, long enough for
+a second thread to pay for its wake-up. Set it (e.g. 8) to try it on another machine.
+
+When set, steps of at most that many tokens (the decode batch plus prefill tokens) run
+on one thread and larger steps keep torch's thread count. The setting is per calling thread
 (OpenMP's ``nthreads-var`` is a per-thread ICV, and ``torch.get_num_threads()``, which the
 C kernels read, reads it), so a server's engine thread changes nothing for the rest of
 the process, and the count is restored after the step.
@@ -25,8 +34,8 @@ import torch
 
 from minibatch.config import env
 
-#: Steps of at most this many tokens run on one thread (0: never).
-ONE_THREAD_TOKENS = int(env("MINIBATCH_ONE_THREAD_TOKENS", "8"))
+#: Steps of at most this many tokens run on one thread (0, the default: never).
+ONE_THREAD_TOKENS = int(env("MINIBATCH_ONE_THREAD_TOKENS", "0"))
 
 
 def step_threads(num_tokens: int, available: int, limit: int | None = None) -> int:
