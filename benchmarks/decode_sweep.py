@@ -155,8 +155,10 @@ def llama_batched(bench: Path, gguf: Path, batches, prompt_len: int, tg: int, th
                   concurrent: int = 1) -> list[dict]:
     """``llama-batched-bench`` (``concurrent`` copies at once); one row per batch size."""
     ctx = max(batches) * (prompt_len + tg) + 64
+    # The first configuration runs twice and its first run is dropped (a warm-up: the first
+    # llama_decode calls of a process were several times slower here).
     cmd = [str(bench), "-m", str(gguf), "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(prompt_len),
-           "-ntg", str(tg), "-npl", ",".join(map(str, batches)), "--output-format", "jsonl"]
+           "-ntg", str(tg), "-npl", ",".join(map(str, [batches[0], *batches])), "--output-format", "jsonl"]
     if threads:
         cmd += ["-t", str(threads)]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -164,7 +166,8 @@ def llama_batched(bench: Path, gguf: Path, batches, prompt_len: int, tg: int, th
     rows = []
     for p in procs:
         out, _ = p.communicate(timeout=1800)
-        for line in out.splitlines():
+        lines = [line for line in out.splitlines() if line.startswith("{")][1:]
+        for line in lines:
             if line.startswith("{"):
                 d = json.loads(line)
                 rows.append({"batch": d["pl"], "step_ms": 1e3 * d["t_tg"] / d["tg"], "pp_ms": 1e3 * d["t_pp"],

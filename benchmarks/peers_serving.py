@@ -221,7 +221,7 @@ def main() -> int:
                     key = f"{kind}={v:g}"
                     results["points"].setdefault(key, {}).setdefault(name, []).append(res)
                     if res["failed"]:
-                        print(f"  {key} {name}: {res['failed']} failed: {res.get('errors', [])[:2]}", flush=True)
+                        print(f"  {key} {name}: {res['failed']} failed: {[e for e in res.get('errors', []) if e][:2]}", flush=True)
             results["load_average"].append(load_average())
             print(f"  round {r + 1}/{args.rounds} done (load average {results['load_average'][-1]})", flush=True)
         print("\n" + POINTS_HEADER + "   (latencies in ms; medians of rounds)")
