@@ -70,7 +70,12 @@ VLLM_SETTINGS = {
                           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
     "preload+nobind": {"preload": True, "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
 }
-VLLM_BEST = "preload"          # fastest of VLLM_SETTINGS here (see setup_vllm.sh's notes)
+# Measured here (offline_throughput.py --vllm-only --vllm-settings ..., load average 15-22):
+# "default" and "preload" were within each other's spread (each ahead on one workload);
+# binding OpenMP to both cores ("all-cores", "preload+all-cores") was 3-7x slower, as the
+# engine core and the model then fight over the same cores. "preload" is what vLLM's CPU
+# installation page recommends.
+VLLM_BEST = "preload"
 
 
 def vllm_env(settings: str = VLLM_BEST) -> dict:
