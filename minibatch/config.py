@@ -43,6 +43,9 @@ ENV_VARS = {
     "MINIBATCH_GEMM_BUCKETS": "0 stops padding GEMM row counts to a bounded set of sizes (CPU prepacked weights)",
     "MINIBATCH_SMALL_M_ROWS": "projections of at most this many rows run as a C matrix-vector product "
                               "(default 2; 0 turns it off)",
+    "MINIBATCH_ONE_THREAD_TOKENS": "CPU steps of at most this many tokens run on one OpenMP thread, so no "
+                                   "parallel region wakes or waits for another thread (default 0: off; "
+                                   "minibatch.kernels.cpu_threads)",
     "MINIBATCH_API_KEY": "default of `serve --api-key`",
     "MINIBATCH_LABS_DIR": "the labs folder that `python -m minibatch.labs` uses (default: the checkout's labs/)",
     "MINIBATCH_PROPERTY_EXAMPLES": "tests: examples per Hypothesis property test",

@@ -24,6 +24,7 @@ from minibatch.model.loader import load_model
 from minibatch.request import Request
 from minibatch.sampler import sample
 from minibatch.scheduler import ScheduledBatch, is_decode
+from minibatch.kernels.cpu_threads import threads_for_step
 
 DEFAULT_CPU_KV_BYTES = 256 * 2**20
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -176,6 +177,19 @@ class ModelExecutor:
         t0 = time.perf_counter()
         input_ids, positions, meta, sample_idx, sample_reqs = self.prepare(batch, kv)
         t1 = time.perf_counter()
+        if self.device.type == "cpu":
+            with threads_for_step(input_ids.numel()):
+                sampled, failed, logprobs = self._forward_and_sample(input_ids, positions, meta, sample_idx,
+                                                                     sample_reqs)
+        else:
+            sampled, failed, logprobs = self._forward_and_sample(input_ids, positions, meta, sample_idx,
+                                                                 sample_reqs)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        t2 = time.perf_counter()
+        return StepOutput(sampled, t2 - t0, t2 - t1, failed, logprobs)
+
+    def _forward_and_sample(self, input_ids, positions, meta, sample_idx, sample_reqs):
         hidden = self.model(input_ids, positions, meta, self.kv_caches)
         sampled: list[tuple[Request, int]] = []
         failed: list[tuple[Request, str]] = []
@@ -190,7 +204,4 @@ class ModelExecutor:
             sampled = [(r, t) for i, (r, t) in enumerate(zip(sample_reqs, tokens)) if i not in errors]
             failed = [(sample_reqs[i], describe_error(e)) for i, e in errors.items()]
             logprobs = {sample_reqs[i].request_id: lp for i, lp in row_logprobs.items()}
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        t2 = time.perf_counter()
-        return StepOutput(sampled, t2 - t0, t2 - t1, failed, logprobs)
+        return sampled, failed, logprobs
