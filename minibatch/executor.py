@@ -11,6 +11,7 @@ recompute) is now fully in the cache.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -177,31 +178,23 @@ class ModelExecutor:
         t0 = time.perf_counter()
         input_ids, positions, meta, sample_idx, sample_reqs = self.prepare(batch, kv)
         t1 = time.perf_counter()
-        if self.device.type == "cpu":
-            with threads_for_step(input_ids.numel()):
-                sampled, failed, logprobs = self._forward_and_sample(input_ids, positions, meta, sample_idx,
-                                                                     sample_reqs)
-        else:
-            sampled, failed, logprobs = self._forward_and_sample(input_ids, positions, meta, sample_idx,
-                                                                 sample_reqs)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+        # A small CPU step may run on one OpenMP thread (minibatch.kernels.cpu_threads; off by default).
+        with threads_for_step(input_ids.numel()) if self.device.type == "cpu" else nullcontext():
+            hidden = self.model(input_ids, positions, meta, self.kv_caches)
+            sampled: list[tuple[Request, int]] = []
+            failed: list[tuple[Request, str]] = []
+            logprobs: dict[str, tuple] = {}
+            if sample_reqs:
+                # In a decode-only step every row samples: no gather.
+                rows = hidden if len(sample_idx) == hidden.shape[0] else hidden[sample_idx]
+                logits = self.model.compute_logits(rows)
+                errors: dict[int, Exception] = {}
+                row_logprobs: dict[int, tuple] = {}
+                tokens = sample(logits, sample_reqs, errors, row_logprobs)
+                sampled = [(r, t) for i, (r, t) in enumerate(zip(sample_reqs, tokens)) if i not in errors]
+                failed = [(sample_reqs[i], describe_error(e)) for i, e in errors.items()]
+                logprobs = {sample_reqs[i].request_id: lp for i, lp in row_logprobs.items()}
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         t2 = time.perf_counter()
         return StepOutput(sampled, t2 - t0, t2 - t1, failed, logprobs)
-
-    def _forward_and_sample(self, input_ids, positions, meta, sample_idx, sample_reqs):
-        hidden = self.model(input_ids, positions, meta, self.kv_caches)
-        sampled: list[tuple[Request, int]] = []
-        failed: list[tuple[Request, str]] = []
-        logprobs: dict[str, tuple] = {}
-        if sample_reqs:
-            # In a decode-only step every row samples: no gather.
-            rows = hidden if len(sample_idx) == hidden.shape[0] else hidden[sample_idx]
-            logits = self.model.compute_logits(rows)
-            errors: dict[int, Exception] = {}
-            row_logprobs: dict[int, tuple] = {}
-            tokens = sample(logits, sample_reqs, errors, row_logprobs)
-            sampled = [(r, t) for i, (r, t) in enumerate(zip(sample_reqs, tokens)) if i not in errors]
-            failed = [(sample_reqs[i], describe_error(e)) for i, e in errors.items()]
-            logprobs = {sample_reqs[i].request_id: lp for i, lp in row_logprobs.items()}
-        return sampled, failed, logprobs
