@@ -1,12 +1,22 @@
-"""Ray Serve backend: 2 replicas vs 1 engine at the same load, and autoscaling over time.
+"""Ray Serve backend: 2 replicas vs 1 engine and vs the HTTP router's 2 processes, and autoscaling.
 
 1. Static. The same requests (random, ``--input-len`` in / ``--output-len`` out, ``ignore_eos``,
-   streaming, at most ``--concurrency`` in flight) go to one ``minibatch serve`` process and to
-   the Ray Serve backend with ``--replicas`` engine replicas (``round_robin``), ``--runs`` times
-   each, interleaved. Reported: the median over the runs of output tokens/s, TTFT p50 and p90.
-   Every engine (the single server and each Ray replica) runs torch with one thread
+   streaming, at most ``--concurrency`` in flight, the ``minibatch.bench.run_benchmark`` client)
+   go to three arms, ``--runs`` times each, interleaved run by run (1 engine, Ray, router):
+
+   - one ``minibatch serve`` process;
+   - the Ray Serve backend with ``--replicas`` engine replicas (``round_robin``);
+   - ``python -m minibatch serve --replicas N`` (same N): the HTTP router
+     (``minibatch.serving.replicas``) in front of N plain ``minibatch serve`` child processes,
+     routing with ``--router-policy`` (default ``round_robin``, the policy the Ray arm uses).
+
+   Reported: the median over the runs of output tokens/s, TTFT p50 and p90 per arm, and the
+   throughput ratios Ray / 1 engine and Ray / router's N processes. Every engine (the single
+   server, each Ray replica, each router child) runs torch with one thread
    (``OMP_NUM_THREADS=1``, what Ray gives a replica of fractional ``num_cpus``), so on this
-   2-core machine 2 replicas can use both cores where the single engine uses one.
+   2-core machine 2 replicas can use both cores where the single engine uses one. The last
+   two arms differ only in what carries the requests: Ray Serve's proxy, handles and actors,
+   or one asyncio HTTP router process and loopback HTTP.
 2. Autoscaling. A fresh deployment with Ray Serve's autoscaling (``--autoscale``) gets three
    phases of load: ``--low`` requests in flight, then ``--high``, then none; the number of
    replicas (RUNNING, and STARTING) is sampled every 0.5 s. Written: ``--out``/autoscale.csv
@@ -16,6 +26,8 @@
     python benchmarks/ray_serve.py --skip-autoscale --runs 1 --num-prompts 16   # quick
 
 Ray is started here (``ray.init(num_cpus=2)``) and shut down at the end; nothing runs ``ray stop``.
+The router arm is stopped with SIGTERM (the router then stops its children: SIGTERM, wait,
+SIGKILL), and the script checks that none of the child pids the router logged is left.
 """
 
 from __future__ import annotations
@@ -23,7 +35,10 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import re
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -57,35 +72,85 @@ def medians(runs: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
+class RouterServer(ServerProcess):
+    """``python -m minibatch serve --replicas N`` (router + N engine children) on a free port.
+    Stopped with SIGTERM so that the router stops its children itself; SIGKILL only as a
+    last resort, then any child pid the router logged that is still alive is killed too."""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+        self.left = [pid for pid in self.child_pids() if alive(pid)]
+        for pid in self.left:                      # checked by the caller once everything is stopped
+            os.kill(pid, signal.SIGKILL)
+
+    def child_pids(self) -> list[int]:
+        text = open(self.log_path, errors="replace").read()
+        return [int(m) for m in re.findall(r"minibatch: replica \d+ pid (\d+) on ", text)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def static(args, port: int, log: Path) -> None:
     from ray import serve
 
     requests = make_requests("random", args.num_prompts, "tiny", input_len=args.input_len,
                              output_len=args.output_len, seed=0)
     kw = {"requests": requests, "max_concurrency": args.concurrency, "percentiles": (50, 90)}
-    srv = ServerProcess(log, threads=1)
-    ray_backend.deploy(model="tiny", num_replicas=args.replicas, router="round_robin", num_cpus=0.5)
-    wait(lambda: ray_backend.num_running_replicas() == args.replicas, "replicas")
-    ray_url = f"http://127.0.0.1:{port}"
-    single, on_ray = [], []
+    router_log = log.with_name(log.stem.replace("single_engine", "router") + log.suffix)
+    names = ("1 engine (minibatch serve)", f"Ray Serve, {args.replicas} replicas",
+             f"router, {args.replicas} processes")
+    servers: list[ServerProcess] = []
+    deployed = False
     try:
+        srv = ServerProcess(log, threads=1)
+        servers.append(srv)
+        routed = RouterServer(router_log, "--replicas", str(args.replicas), "--router-policy", args.router_policy,
+                              "--startup-timeout", "300", threads=1)
+        servers.append(routed)
+        print(f"router pid {routed.proc.pid}, children {routed.child_pids()} ({args.router_policy})", flush=True)
+        ray_backend.deploy(model="tiny", num_replicas=args.replicas, router="round_robin", num_cpus=0.5)
+        deployed = True
+        wait(lambda: ray_backend.num_running_replicas() == args.replicas, "replicas")
+        urls = (srv.url, f"http://127.0.0.1:{port}", routed.url)
+        runs: list[list[dict]] = [[], [], []]
         run_benchmark(base_url=srv.url, requests=requests[:2])      # warm-up
-        run_benchmark(base_url=ray_url, requests=requests[:4])
+        run_benchmark(base_url=urls[1], requests=requests[:4])
+        run_benchmark(base_url=routed.url, requests=requests[:4])
         for i in range(args.runs):
-            single.append(summary(run_benchmark(base_url=srv.url, **kw)))
-            on_ray.append(summary(run_benchmark(base_url=ray_url, **kw)))
-            print(f"run {i + 1}: 1 engine {single[-1]}\n       Ray Serve {args.replicas} replicas {on_ray[-1]}",
-                  flush=True)
+            for name, url, out in zip(names, urls, runs, strict=True):
+                out.append(summary(run_benchmark(base_url=url, **kw)))
+                print(f"run {i + 1}: {name:28s} {out[-1]}", flush=True)
     finally:
-        srv.stop()
-        serve.delete(ray_backend.DEFAULT_APP)
-    a, b = medians(single), medians(on_ray)
+        for s in reversed(servers):
+            s.stop()
+        if deployed:
+            serve.delete(ray_backend.DEFAULT_APP)
+    left = getattr(servers[1], "left", None)
+    assert left == [], f"router children still alive after the router stopped (killed now): {left}"
+    print(f"stopped: the router and its children {routed.child_pids()} are gone", flush=True)
+    a, b, c = (medians(r) for r in runs)
     print(f"\n{args.num_prompts} requests, {args.input_len} in / {args.output_len} out, concurrency "
           f"{args.concurrency}, medians of {args.runs} runs")
     print(f"{'':28s} {'out tok/s':>10s} {'TTFT p50 ms':>12s} {'TTFT p90 ms':>12s}")
-    for name, m in (("1 engine (minibatch serve)", a), (f"Ray Serve, {args.replicas} replicas", b)):
+    for name, m in zip(names, (a, b, c), strict=True):
         print(f"{name:28s} {m['output_throughput']:10.1f} {m['p50_ttft_ms']:12.1f} {m['p90_ttft_ms']:12.1f}")
     print(f"ratio Ray / 1 engine: throughput {b['output_throughput'] / a['output_throughput']:.2f}x")
+    print(f"ratio Ray / router {args.replicas} processes: throughput "
+          f"{b['output_throughput'] / c['output_throughput']:.2f}x, TTFT p50 "
+          f"{b['p50_ttft_ms'] / c['p50_ttft_ms']:.2f}x, TTFT p90 {b['p90_ttft_ms'] / c['p90_ttft_ms']:.2f}x")
 
 
 def wait(cond, what: str, timeout: float = 300.0) -> None:
@@ -192,6 +257,8 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--router-policy", default="round_robin",
+                   help="the router arm's policy (default: round_robin, as the Ray arm)")
     p.add_argument("--autoscale", default="min=1,max=3,target_ongoing_requests=2,upscale_delay_s=1,"
                                           "downscale_delay_s=5,look_back_period_s=2,metrics_interval_s=0.5")
     p.add_argument("--low", type=int, default=1)
