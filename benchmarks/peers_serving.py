@@ -159,6 +159,7 @@ def check_llama_tokenizer(server: Server, texts: list[str]) -> str:
     return f"{same}/{len(texts)}"
 
 
+WARMUP_SEED = 999_999   # the warm-up's prompts: none of the measured ones
 POINTS_HEADER = (f"{'point':>14s} {'server':10s} {'out tok/s':>9s} {'min-max':>13s} {'req/s':>6s} "
                  f"{'TTFT p50':>8s} {'TTFT p99':>8s} {'TPOT p50':>8s} {'E2E p50':>8s} {'fail':>4s}")
 
@@ -201,21 +202,30 @@ def main() -> int:
         points = [("conc", c) for c in concs] + [("rate", r) for r in rates]
         for name, s in servers.items():          # warm-up: first requests, first shapes
             s.resume()
-            run_benchmark(base_url=s.url, model="tiny", tokenizer="tiny", num_prompts=8,
+            run_benchmark(base_url=s.url, model="tiny", tokenizer="tiny", num_prompts=8, seed=WARMUP_SEED,
                           random_input_len=args.input_len, random_output_len=8, max_concurrency=8)
             s.pause()
         order = list(servers)
         for r in range(args.rounds):
-            for kind, v in points:
+            for pi, (kind, v) in enumerate(points):
                 n = 16 if (kind == "conc" and v == 1) else args.num_prompts
+                # Prompts never repeat (seed per round and point, none the warm-up's): vLLM
+                # (enable_prefix_caching=True, vllm/config/cache.py v0.32.0) and llama-server
+                # (--cache-prompt on) would skip the prefill of a repeated prompt, minibatch
+                # (prefix caching off by default) would not.
                 reqs = make_requests("random", n, "tiny", input_len=args.input_len, output_len=args.output_len,
-                                     request_rate=v if kind == "rate" else None, seed=r)
+                                     request_rate=v if kind == "rate" else None, seed=1000 * (r + 1) + pi)
                 for name in (order if r % 2 == 0 else order[::-1]):
                     s = servers[name]
                     s.resume()
                     try:
+                        # A new connection per request for every server (the same client for
+                        # all): llama-server closes a connection after a streamed response
+                        # though it answers "Keep-Alive", and reusing it failed 45 of 384
+                        # requests at concurrency 32.
                         res = run_benchmark(base_url=s.url, model="tiny", requests=reqs,
-                                            max_concurrency=v if kind == "conc" else None)
+                                            max_concurrency=v if kind == "conc" else None,
+                                            force_close=True)
                     finally:
                         s.pause()
                     key = f"{kind}={v:g}"

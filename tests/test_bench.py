@@ -107,6 +107,51 @@ def test_the_client_counts_one_chunk_per_event_even_when_they_arrive_together():
     assert len(res.chunk_times) == 4 and len(res.itl) == 3
 
 
+
+def test_force_close_opens_one_connection_per_request():
+    """``force_close``: no connection is reused (llama-server closes one after a streamed
+    response though it answers Keep-Alive); by default one connection carries them all."""
+    import asyncio
+
+    from aiohttp import web
+
+    from minibatch.bench.client import benchmark
+
+    peers = []
+    done = ("data: " + json.dumps({"choices": [{"index": 0, "text": "a", "finish_reason": "length"}]})
+            + "\n\ndata: [DONE]\n\n").encode()
+
+    async def models(request):
+        return web.json_response({"data": [{"id": "tiny", "max_model_len": 64}]})
+
+    async def completions(request):
+        peers.append(request.transport.get_extra_info("peername")[1])
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(done)
+        await resp.write_eof()
+        return resp
+
+    async def run(force_close):
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            reqs = make_requests("random", 4, "tiny", input_len=4, output_len=1)
+            return await benchmark(base_url=f"http://127.0.0.1:{port}", model="tiny", requests=reqs,
+                                   max_concurrency=1, force_close=force_close)
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(run(False))["completed"] == 4 and len(set(peers)) == 1
+    peers.clear()
+    assert asyncio.run(run(True))["completed"] == 4 and len(set(peers)) == 4
+
 # -- against the server -------------------------------------------------------------------------
 def test_python_api_counts_every_request(server):
     res = run_benchmark(base_url=server.url, num_prompts=24, random_input_len=32, random_output_len=12,

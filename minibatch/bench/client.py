@@ -164,8 +164,12 @@ async def benchmark(base_url: str = "http://127.0.0.1:8000", model: str | None =
                     tokenizer: str | None = None, max_model_len: int | None = None,
                     temperature: float = 0.0, api_key: str | None = None,
                     percentiles: tuple = (99,), requests: list[BenchRequest] | None = None,
-                    timeout_s: float = 6 * 3600) -> dict:
-    """Run the benchmark (async). Arguments as the CLI flags; returns the result dict."""
+                    timeout_s: float = 6 * 3600, force_close: bool = False) -> dict:
+    """Run the benchmark (async). Arguments as the CLI flags; returns the result dict.
+
+    ``force_close``: one connection per request (no keep-alive), for servers that close a
+    connection after a streamed response though they advertise ``Keep-Alive`` (llama-server,
+    build 0c1e570: a reused connection then fails with "Server disconnected")."""
     import aiohttp
 
     endpoint = ENDPOINTS.get(endpoint, endpoint)
@@ -178,7 +182,8 @@ async def benchmark(base_url: str = "http://127.0.0.1:8000", model: str | None =
     url = f"{base_url}/v1/{'chat/completions' if chat else 'completions'}"
     # Drop idle connections before a server would (uvicorn: 5 s), or a request may be written
     # into a connection that the server is closing at that moment.
-    connector = aiohttp.TCPConnector(limit=max_concurrency or 0, keepalive_timeout=KEEPALIVE_S)
+    connector = (aiohttp.TCPConnector(limit=max_concurrency or 0, force_close=True) if force_close else
+                 aiohttp.TCPConnector(limit=max_concurrency or 0, keepalive_timeout=KEEPALIVE_S))
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s),
                                      trust_env=False) as session:
         card = await _get_json(session, f"{base_url}/v1/models", headers)
