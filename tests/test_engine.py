@@ -191,6 +191,25 @@ def test_a_stop_string_spanning_several_tokens():
     assert a.output_text == "q" and a.stop_reason == "rst" and a.output_token_ids == ids("qrst")
 
 
+def test_a_stop_string_must_end_in_the_text_made_after_min_tokens():
+    """As vLLM: while ``num_output_tokens <= min_tokens`` no stop string counts and the search
+    start moves to the end of the text; after that a stop string counts only if it ends past
+    that point (``stop_search_from``), so one made wholly before it is skipped."""
+    # a: min_tokens=2, stop "x". "q" (1 token: no search, from=1), "x" (2: no search, from=2;
+    # this "x" ends at 2, not past it), "y" (3 > 2: "qxy" searched from 2 - 1 + 1 = 2: none),
+    # "x" (4: "qxyx" from 2: "x" at 3, ends at 4 > 2) -> text "qxy", 4 tokens.
+    # b: min_tokens=2, stop "xy". "q", "x" (from=2), "y" (3: "qxy" searched from 2 - 2 + 1 = 1:
+    # "xy" at 1 ends at 3 > 2, it spans the boundary and counts) -> text "q", 3 tokens.
+    e = engine(script={"a": ids("qxyxz"), "b": ids("qxyz")}, tokenizer=True)
+    e.add_request([10, 11], greedy(min_tokens=2, stop=["x"]), request_id="a")
+    e.add_request([10, 11], greedy(min_tokens=2, stop=["xy"]), request_id="b")
+    drain(e)
+    a, b = e.requests["a"], e.requests["b"]
+    assert a.output_text == "qxy" and a.stop_reason == "x", "a stop string made before min_tokens counted"
+    assert a.output_token_ids == ids("qxyx") and a.status is RequestStatus.FINISHED_STOPPED
+    assert b.output_text == "q" and b.stop_reason == "xy" and b.output_token_ids == ids("qxy")
+
+
 def test_max_tokens_and_max_model_len_end_with_length():
     e = engine(max_model_len=8)
     e.add_request([10, 11, 12, 13], greedy(max_tokens=3), request_id="a")
