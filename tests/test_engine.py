@@ -526,6 +526,44 @@ def test_the_final_text_skips_special_tokens_and_the_detokenizer_state_is_droppe
     assert e._detok == {}, "a finished request's incremental detokenizer is dropped"
 
 
+class BytePieces:
+    """A SentencePiece-like tokenizer in miniature: ids 50 and 51 are the two bytes of "é" (byte
+    fallback), 52 is the word-initial piece " w", EOS is "</s>". As in Hugging Face's decode, a
+    special token that is kept splits the byte stream (each side decodes alone, so a split
+    character shows U+FFFD) and a skipped one does not; the decoded text loses its leading space."""
+
+    BYTES = {50: b"\xc3", 51: b"\xa9", 52: b" w"}
+
+    def decode(self, ids, skip_special_tokens=False):
+        parts, buf = [], b""
+        for i in ids:
+            if i == EOS:
+                if not skip_special_tokens:
+                    parts += [buf.decode("utf-8", "replace"), "</s>"]
+                    buf = b""
+                continue
+            buf += self.BYTES[i]
+        text = "".join(parts) + buf.decode("utf-8", "replace")
+        return text[1:] if text.startswith(" ") else text
+
+
+def test_the_final_text_keeps_special_tokens_when_asked_in_the_output_and_the_prompt_context():
+    # a: skip_special_tokens=False keeps EOS's "</s>" in the text: "ab</s>c" (not "abc").
+    e = engine(script={"a": ids("ab") + [EOS] + ids("c")})
+    e.tokenizer = SpecialChars()
+    e.add_request([3, 4], greedy(max_tokens=4, ignore_eos=True, skip_special_tokens=False), request_id="a")
+    drain(e)
+    assert e.output("a").outputs[0].text == "ab</s>c"
+    # b: the prompt [50, EOS, 51] keeps EOS, so its decode "\ufffd</s>\ufffd" has U+FFFD: no prompt
+    # context, and the output [52] decodes alone, losing its space: "w". Had the context been
+    # chosen skipping EOS ("é", no U+FFFD), the output would read after it: " w".
+    e = engine(script={"b": [52]})
+    e.tokenizer = BytePieces()
+    e.add_request([50, EOS, 51], greedy(max_tokens=1, skip_special_tokens=False), request_id="b")
+    drain(e)
+    assert e.output("b").outputs[0].text == "w"
+
+
 def test_a_stop_token_wins_over_a_stop_string_the_same_token_completes():
     # "c" is a stop token and also completes the stop string "bc": the token is checked first,
     # so the request stops on the token, not on the string. As in vLLM, the stop token's own
