@@ -4,6 +4,8 @@ then small simulator runs for what they are for: priority inversion through held
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from minibatch import EngineConfig, LLMEngine
@@ -99,10 +101,16 @@ def test_kv_quota_counts_each_request_at_its_final_length():
 
 @pytest.mark.parametrize("bad", [{1: 0}, {1: -3}, {1: 2.5}, {1: True}])
 def test_limits_must_be_positive_integers(bad):
-    with pytest.raises(ValueError, match="must be an integer >= 1"):
-        PriorityPolicy(kv_quota=bad)
-    with pytest.raises(ValueError, match="must be an integer >= 1"):
-        PriorityPolicy(max_running=bad)
+    # The error names the knob and the class: e.g. "kv_quota[1] must be an integer >= 1, got 0".
+    for knob in ("kv_quota", "max_running"):
+        expected = f"{knob}[1] must be an integer >= 1, got {bad[1]!r}"
+        with pytest.raises(ValueError, match="^" + re.escape(expected) + "$"):
+            PriorityPolicy(**{knob: bad})
+
+
+def test_a_limit_of_one_is_allowed():
+    p = PriorityPolicy(max_running={0: 1}, kv_quota={0: 1})
+    assert (p.max_running, p.kv_quota) == ({0: 1}, {0: 1})
 
 
 # -- in the engine (simulator): inversion through held KV and its fixes ---------------------------
