@@ -191,6 +191,17 @@ def test_a_stop_string_spanning_several_tokens():
     assert a.output_text == "q" and a.stop_reason == "rst" and a.output_token_ids == ids("qrst")
 
 
+def test_include_stop_str_in_output_keeps_the_whole_stop_string():
+    # "abxcd" with stop "xc": found at 2 when "c" arrives; kept, the text ends after it: [:2 + 2].
+    e = engine(script={"a": ids("abxcd"), "b": ids("abxcd")}, tokenizer=True)
+    e.add_request([10, 11], greedy(stop=["xc"], include_stop_str_in_output=True), request_id="a")
+    e.add_request([10, 11], greedy(stop=["xc"]), request_id="b")
+    drain(e)
+    a, b = e.requests["a"], e.requests["b"]
+    assert a.output_text == "abxc" and a.stop_reason == "xc" and a.output_token_ids == ids("abxc")
+    assert b.output_text == "ab" and b.stop_reason == "xc"
+
+
 def test_a_stop_string_must_end_in_the_text_made_after_min_tokens():
     """As vLLM: while ``num_output_tokens <= min_tokens`` no stop string counts and the search
     start moves to the end of the text; after that a stop string counts only if it ends past
@@ -562,6 +573,40 @@ def test_the_final_text_keeps_special_tokens_when_asked_in_the_output_and_the_pr
     e.add_request([50, EOS, 51], greedy(max_tokens=1, skip_special_tokens=False), request_id="b")
     drain(e)
     assert e.output("b").outputs[0].text == "w"
+
+
+def test_the_streamed_text_decodes_the_first_token_after_the_prompt():
+    # Prompt [52] (" w"), outputs 52, 52, 52. The detokenizer is primed with the prompt's context
+    # [52]: decode([52, 52]) = "w w" less decode([52]) = "w" leaves " w", the first token's space
+    # kept (decoded alone it would be "w"). At the end the full decode agrees: " w w w".
+    e = engine(script={"a": [52, 52, 52]})
+    e.tokenizer = BytePieces()
+    e.stream_text = True
+    e.add_request([52], greedy(max_tokens=3), request_id="a")
+    e.step()
+    assert e.requests["a"].output_text == " w"
+    drain(e)
+    assert e.requests["a"].output_text == " w w w"
+
+
+class WithLogprobs(Scripted):
+    """Scripted, and every sampled row comes with logprobs (-0.5, [(token, -0.5)]), asked or not."""
+
+    def execute(self, batch, kv):
+        out = super().execute(batch, kv)
+        out.logprobs = {r.request_id: (-0.5, [(t, -0.5)]) for r, t in out.sampled}
+        return out
+
+
+def test_only_a_request_that_asked_keeps_the_logprobs_of_its_tokens():
+    ex = WithLogprobs(script={"a": [5, 6], "b": [5, 6]})
+    e = LLMEngine(EngineConfig.from_kwargs(block_size=4), clock="virtual", executor=ex)
+    e.add_request([10, 11], greedy(max_tokens=2, logprobs=1), request_id="a")
+    e.add_request([10, 11], greedy(max_tokens=2), request_id="b")
+    drain(e)
+    assert e.requests["a"].output_logprobs == [(-0.5, [(5, -0.5)]), (-0.5, [(6, -0.5)])]
+    assert e.requests["b"].output_logprobs == [], "logprobs kept for a request that did not ask"
+    assert e.output("b").outputs[0].logprobs is None
 
 
 def test_a_stop_token_wins_over_a_stop_string_the_same_token_completes():
