@@ -214,6 +214,8 @@ def test_bad_kv_manager_settings_are_refused_by_name():
     with pytest.raises(ValueError, match=r"^prefix caching needs the paged allocator \(kv_allocator='paged'\)$"):
         KVCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=True, allocator="contiguous",
                        max_model_len=16)
+    with pytest.raises(ValueError, match=r"^the contiguous allocator needs max_model_len$"):
+        KVCacheManager(num_blocks=4, block_size=4, allocator="contiguous")
 
 
 def test_waste_slots_skips_a_request_without_blocks_and_counts_the_ones_after_it():
