@@ -191,6 +191,36 @@ def test_a_stop_string_spanning_several_tokens():
     assert a.output_text == "q" and a.stop_reason == "rst" and a.output_token_ids == ids("qrst")
 
 
+def test_include_stop_str_in_output_keeps_the_whole_stop_string():
+    # "abxcd" with stop "xc": found at 2 when "c" arrives; kept, the text ends after it: [:2 + 2].
+    e = engine(script={"a": ids("abxcd"), "b": ids("abxcd")}, tokenizer=True)
+    e.add_request([10, 11], greedy(stop=["xc"], include_stop_str_in_output=True), request_id="a")
+    e.add_request([10, 11], greedy(stop=["xc"]), request_id="b")
+    drain(e)
+    a, b = e.requests["a"], e.requests["b"]
+    assert a.output_text == "abxc" and a.stop_reason == "xc" and a.output_token_ids == ids("abxc")
+    assert b.output_text == "ab" and b.stop_reason == "xc"
+
+
+def test_a_stop_string_must_end_in_the_text_made_after_min_tokens():
+    """As vLLM: while ``num_output_tokens <= min_tokens`` no stop string counts and the search
+    start moves to the end of the text; after that a stop string counts only if it ends past
+    that point (``stop_search_from``), so one made wholly before it is skipped."""
+    # a: min_tokens=2, stop "x". "q" (1 token: no search, from=1), "x" (2: no search, from=2;
+    # this "x" ends at 2, not past it), "y" (3 > 2: "qxy" searched from 2 - 1 + 1 = 2: none),
+    # "x" (4: "qxyx" from 2: "x" at 3, ends at 4 > 2) -> text "qxy", 4 tokens.
+    # b: min_tokens=2, stop "xy". "q", "x" (from=2), "y" (3: "qxy" searched from 2 - 2 + 1 = 1:
+    # "xy" at 1 ends at 3 > 2, it spans the boundary and counts) -> text "q", 3 tokens.
+    e = engine(script={"a": ids("qxyxz"), "b": ids("qxyz")}, tokenizer=True)
+    e.add_request([10, 11], greedy(min_tokens=2, stop=["x"]), request_id="a")
+    e.add_request([10, 11], greedy(min_tokens=2, stop=["xy"]), request_id="b")
+    drain(e)
+    a, b = e.requests["a"], e.requests["b"]
+    assert a.output_text == "qxy" and a.stop_reason == "x", "a stop string made before min_tokens counted"
+    assert a.output_token_ids == ids("qxyx") and a.status is RequestStatus.FINISHED_STOPPED
+    assert b.output_text == "q" and b.stop_reason == "xy" and b.output_token_ids == ids("qxy")
+
+
 def test_max_tokens_and_max_model_len_end_with_length():
     e = engine(max_model_len=8)
     e.add_request([10, 11, 12, 13], greedy(max_tokens=3), request_id="a")
@@ -505,6 +535,78 @@ def test_the_final_text_skips_special_tokens_and_the_detokenizer_state_is_droppe
     assert out.outputs[0].token_ids == ids("ab") + [EOS] + ids("c")
     assert out.outputs[0].text == "abc", "the full decode at finish skips special tokens"
     assert e._detok == {}, "a finished request's incremental detokenizer is dropped"
+
+
+class BytePieces:
+    """A SentencePiece-like tokenizer in miniature: ids 50 and 51 are the two bytes of "é" (byte
+    fallback), 52 is the word-initial piece " w", EOS is "</s>". As in Hugging Face's decode, a
+    special token that is kept splits the byte stream (each side decodes alone, so a split
+    character shows U+FFFD) and a skipped one does not; the decoded text loses its leading space."""
+
+    BYTES = {50: b"\xc3", 51: b"\xa9", 52: b" w"}
+
+    def decode(self, ids, skip_special_tokens=False):
+        parts, buf = [], b""
+        for i in ids:
+            if i == EOS:
+                if not skip_special_tokens:
+                    parts += [buf.decode("utf-8", "replace"), "</s>"]
+                    buf = b""
+                continue
+            buf += self.BYTES[i]
+        text = "".join(parts) + buf.decode("utf-8", "replace")
+        return text[1:] if text.startswith(" ") else text
+
+
+def test_the_final_text_keeps_special_tokens_when_asked_in_the_output_and_the_prompt_context():
+    # a: skip_special_tokens=False keeps EOS's "</s>" in the text: "ab</s>c" (not "abc").
+    e = engine(script={"a": ids("ab") + [EOS] + ids("c")})
+    e.tokenizer = SpecialChars()
+    e.add_request([3, 4], greedy(max_tokens=4, ignore_eos=True, skip_special_tokens=False), request_id="a")
+    drain(e)
+    assert e.output("a").outputs[0].text == "ab</s>c"
+    # b: the prompt [50, EOS, 51] keeps EOS, so its decode "\ufffd</s>\ufffd" has U+FFFD: no prompt
+    # context, and the output [52] decodes alone, losing its space: "w". Had the context been
+    # chosen skipping EOS ("é", no U+FFFD), the output would read after it: " w".
+    e = engine(script={"b": [52]})
+    e.tokenizer = BytePieces()
+    e.add_request([50, EOS, 51], greedy(max_tokens=1, skip_special_tokens=False), request_id="b")
+    drain(e)
+    assert e.output("b").outputs[0].text == "w"
+
+
+def test_the_streamed_text_decodes_the_first_token_after_the_prompt():
+    # Prompt [52] (" w"), outputs 52, 52, 52. The detokenizer is primed with the prompt's context
+    # [52]: decode([52, 52]) = "w w" less decode([52]) = "w" leaves " w", the first token's space
+    # kept (decoded alone it would be "w"). At the end the full decode agrees: " w w w".
+    e = engine(script={"a": [52, 52, 52]})
+    e.tokenizer = BytePieces()
+    e.stream_text = True
+    e.add_request([52], greedy(max_tokens=3), request_id="a")
+    e.step()
+    assert e.requests["a"].output_text == " w"
+    drain(e)
+    assert e.requests["a"].output_text == " w w w"
+
+
+class WithLogprobs(Scripted):
+    """Scripted, and every sampled row comes with logprobs (-0.5, [(token, -0.5)]), asked or not."""
+
+    def execute(self, batch, kv):
+        out = super().execute(batch, kv)
+        out.logprobs = {r.request_id: (-0.5, [(t, -0.5)]) for r, t in out.sampled}
+        return out
+
+
+def test_only_a_request_that_asked_keeps_the_logprobs_of_its_tokens():
+    ex = WithLogprobs(script={"a": [5, 6], "b": [5, 6]})
+    e = LLMEngine(EngineConfig.from_kwargs(block_size=4), clock="virtual", executor=ex)
+    e.add_request([10, 11], greedy(max_tokens=2, logprobs=1), request_id="a")
+    e.add_request([10, 11], greedy(max_tokens=2), request_id="b")
+    drain(e)
+    assert e.requests["a"].output_logprobs == [(-0.5, [(5, -0.5)]), (-0.5, [(6, -0.5)])]
+    assert e.requests["b"].output_logprobs == [], "logprobs kept for a request that did not ask"
+    assert e.output("b").outputs[0].logprobs is None
 
 
 def test_a_stop_token_wins_over_a_stop_string_the_same_token_completes():

@@ -214,6 +214,8 @@ def test_bad_kv_manager_settings_are_refused_by_name():
     with pytest.raises(ValueError, match=r"^prefix caching needs the paged allocator \(kv_allocator='paged'\)$"):
         KVCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=True, allocator="contiguous",
                        max_model_len=16)
+    with pytest.raises(ValueError, match=r"^the contiguous allocator needs max_model_len$"):
+        KVCacheManager(num_blocks=4, block_size=4, allocator="contiguous")
 
 
 def test_waste_slots_skips_a_request_without_blocks_and_counts_the_ones_after_it():
@@ -225,3 +227,13 @@ def test_waste_slots_skips_a_request_without_blocks_and_counts_the_ones_after_it
     # reserved-but-unused: 2 blocks - ceil(5 / 4) = 0 blocks; internal: 2 * 4 - 5 = 3 slots
     assert kv.waste_slots([held]) == (0, 3)
     assert kv.waste_slots([empty, held]) == (0, 3)
+    # fragmentation_slots too: held's final length is 6 + 16 (max_tokens) - 1 = 21 slots written, so
+    # of its 8 slots 8 - 5 = 3 are reserved (still to write) and none is internal fragmentation.
+    assert kv.fragmentation_slots([held]) == (3, 0)
+    assert kv.fragmentation_slots([empty, held]) == (3, 0)
+
+
+def test_planned_len_is_capped_by_max_model_len():
+    req = Request("r", list(range(3, 9)), SamplingParams(max_tokens=16), 0.0)      # 6 + 16 = 22 tokens
+    assert KVCacheManager(8, 4).planned_len(req) == 22
+    assert KVCacheManager(8, 4, max_model_len=10).planned_len(req) == 10

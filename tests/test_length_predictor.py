@@ -60,7 +60,7 @@ def test_bad_arguments_are_refused():
         BucketedLengthPredictor.fit([1, 2], [1, 2], quantile=2)
     with pytest.raises(ValueError):
         NoisyOracle(-1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^prefill_weight must be >= 0, got -1$"):
         SJFPolicy(prefill_weight=-1)
 
 

@@ -21,6 +21,7 @@ from minibatch.policies.fair import FairPolicy, tenant_of
 from minibatch.policies.lpm import LPMPolicy
 from minibatch.policies.mlfq import MLFQPolicy
 from minibatch.policies.priority import PriorityPolicy
+from minibatch.policies.registry import Registry
 from minibatch.policies.serial import SerialPolicy
 from minibatch.policies.sjf import SJFPolicy
 from minibatch.policies.static import StaticPolicy
@@ -106,6 +107,31 @@ def test_register_refuses_a_class_without_a_name(registry):
     with pytest.raises(ValueError, match="^scheduling policy class Nameless has no name$"):
         register(Nameless)
     assert "" not in registry
+
+
+def test_a_new_registry_starts_empty_and_words_its_errors_with_its_own_kind():
+    """``POLICIES`` and ``ROUTERS`` are built at import time; a registry built here must
+    start with no classes, make instances of its own base, and name its kind in errors."""
+    class Widget:
+        name = ""
+
+    reg = Registry(Widget, "widget", "widgets")
+    assert (reg.base, reg.kind, reg.plural) == (Widget, "widget", "widgets")
+    assert reg.classes == {} and reg.available() == []
+
+    @reg.register
+    class Knob(Widget):
+        name = "knob"
+
+    assert reg.available() == ["knob"] and type(reg.make("knob")) is Knob
+    k = Knob()
+    assert reg.make(k) is k                                   # an instance of the base, as is
+    with pytest.raises(ValueError, match=r"^widget class Blank has no name$"):
+        reg.register(type("Blank", (Widget,), {}))
+    expected = "unknown widget 'dial'; available widgets: ['knob']"
+    with pytest.raises(ValueError, match="^" + re.escape(expected) + "$"):
+        reg.make("dial")
+    assert "knob" not in available(), "a private registry leaked into POLICIES"
 
 
 def test_make_policy_from_a_name_an_instance_or_a_class():

@@ -4,6 +4,8 @@ then small simulator runs for what they are for: priority inversion through held
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from minibatch import EngineConfig, LLMEngine
@@ -68,6 +70,15 @@ def test_max_running_caps_the_admissions_of_one_class():
     assert ids(p.schedule_order(state(running, waiting))) == ["r1a", "r1b", "w0", "w1a"]
     full = PriorityPolicy(aging_s=None, preemptive=False, max_running={1: 2})
     assert ids(full.schedule_order(state(running, waiting))) == ["r1a", "r1b", "w0"]
+    # Each waiting request kept counts one: 1 running + a + b = the cap of 3, so c waits.
+    p3 = PriorityPolicy(aging_s=None, preemptive=False, max_running={1: 3})
+    three = [rq("a", 1, arrival=1.0), rq("b", 1, arrival=2.0), rq("c", 1, arrival=3.0)]
+    assert ids(p3.schedule_order(state([rq("r1", 1)], three))) == ["r1", "a", "b"]
+    # A class at its cap is skipped, not a stop: order r0, w0 (class 0, (0, 1.0)), w1 ((1, 0.5));
+    # class 0 has 1 running = its cap of 1, so w0 waits and w1 (no cap) still comes.
+    capped = PriorityPolicy(aging_s=None, preemptive=False, max_running={0: 1})
+    w = [rq("w0", 0, arrival=1.0), rq("w1", 1, arrival=0.5)]
+    assert ids(capped.schedule_order(state([rq("r0", 0)], w))) == ["r0", "w1"]
 
 
 def test_kv_quota_counts_each_request_at_its_final_length():
@@ -80,16 +91,26 @@ def test_kv_quota_counts_each_request_at_its_final_length():
     assert ids(p.schedule_order(state(running, waiting, kv=kv))) == ["r1", "w1", "w2"]     # 3 x 8 = 24
     big = rq("big", 1, prompt=400, max_tokens=100)                                       # 32 blocks > 24
     assert ids(p.schedule_order(state(running, [big], kv=kv))) == ["r1"]
+    # Over the quota is skipped, not a stop: big (arrival 0) comes first, 8 + 32 > 24, and small
+    # behind it (ceil((8 + 8) / 16) = 1 block) still fits: 8 + 1 <= 24.
+    small = rq("small", 1, arrival=9.0, prompt=8, max_tokens=8)
+    assert ids(p.schedule_order(state(running, [big, small], kv=kv))) == ["r1", "small"]
     # Larger than the whole quota: it may start when its class holds nothing, never waiting forever.
     assert ids(p.schedule_order(state([], [big, waiting[0]], kv=kv))) == ["big"]
 
 
 @pytest.mark.parametrize("bad", [{1: 0}, {1: -3}, {1: 2.5}, {1: True}])
 def test_limits_must_be_positive_integers(bad):
-    with pytest.raises(ValueError, match="must be an integer >= 1"):
-        PriorityPolicy(kv_quota=bad)
-    with pytest.raises(ValueError, match="must be an integer >= 1"):
-        PriorityPolicy(max_running=bad)
+    # The error names the knob and the class: e.g. "kv_quota[1] must be an integer >= 1, got 0".
+    for knob in ("kv_quota", "max_running"):
+        expected = f"{knob}[1] must be an integer >= 1, got {bad[1]!r}"
+        with pytest.raises(ValueError, match="^" + re.escape(expected) + "$"):
+            PriorityPolicy(**{knob: bad})
+
+
+def test_a_limit_of_one_is_allowed():
+    p = PriorityPolicy(max_running={0: 1}, kv_quota={0: 1})
+    assert (p.max_running, p.kv_quota) == ({0: 1}, {0: 1})
 
 
 # -- in the engine (simulator): inversion through held KV and its fixes ---------------------------

@@ -93,6 +93,21 @@ def test_request_output_of_a_finished_request():
     assert out.outputs[0].token_ids == [7, 8] and out.metrics.token_times == [0.75, 1.5]   # copies
 
 
+def test_request_output_carries_logprobs_only_when_asked():
+    # logprobs=1: one (log p of the sampled token, [(top id, log p)]) pair per output token, copied.
+    r = Request("l", [1, 2], SamplingParams(logprobs=1), 0.0)
+    r.output_token_ids += [7, 8]
+    r.output_logprobs += [(-0.5, [(7, -0.5)]), (-0.25, [(8, -0.25)])]
+    out = RequestOutput.of(r)
+    assert out.outputs[0].logprobs == [(-0.5, [(7, -0.5)]), (-0.25, [(8, -0.25)])]
+    r.output_logprobs.append((-1.0, [(9, -1.0)]))
+    assert len(out.outputs[0].logprobs) == 2, "the output holds a copy"
+    # logprobs=None (the default): none, even if the request held some.
+    r = finished_request()
+    r.output_logprobs.append((-0.5, [(7, -0.5)]))
+    assert RequestOutput.of(r).outputs[0].logprobs is None
+
+
 def test_request_output_of_a_running_and_of_a_rejected_request():
     r = Request("p", [1], SamplingParams(), 0.0)
     r.status = RequestStatus.RUNNING

@@ -90,6 +90,7 @@ def test_joins_are_counted_by_reason_as_tgi_batch_concat():
     batch = started(p, 10, config)                   # the first prefill of an empty server is no join
     three = [rq("w1"), rq("w2"), rq("w3")]
     assert step(p, st(running=batch, waiting=three, config=config)) == ["w1", "w2", "w3"]     # 3 >= floor(10 x 0.3)
+    assert p.concat_reasons == {"backpressure": 1}, "min_size was set (counter 1 < 3): backpressure"
     assert step(p, st(running=batch, waiting=[rq("x")], config=config)) == ids(batch)         # decode after a join
     assert step(p, st(running=batch, waiting=[rq("x")], config=config)) == ids(batch)         # counter 2 < 3
     assert step(p, st(running=batch, waiting=[rq("x")], config=config)) == ["x"]              # counter 3: join
@@ -161,6 +162,18 @@ def test_with_prefill_chunking_a_join_is_followed_by_a_decode():
     assert step(p, st(running=batch, waiting=[rq("d"), rq("e")], config=config)) == ["a", "b", "c"]
     # ... and then the next turn of the loop may join again.
     assert step(p, st(running=batch, waiting=[rq("d"), rq("e")], config=config)) == ["a", "b", "c", "d", "e"]
+    # tgi_batch_concat: the two joins (c; d and e), not the first prefill of the empty server.
+    assert p.concat_reasons == {"chunking": 2} and p.num_prefills == 3
+
+
+def test_with_prefill_chunking_a_step_that_nobody_joins_is_a_decode():
+    """Nothing waits: the running batch alone is the order, planned as a decode, and TGI's
+    counter (0 for a fresh policy) counts it: 1."""
+    p = TGIPolicy()
+    config = EngineConfig(policy="tgi", enable_chunked_prefill=True, max_batch_prefill_tokens=64)
+    batch = [rq("a", out=1), rq("b", out=1)]
+    assert step(p, st(running=batch, config=config)) == ["a", "b"]
+    assert p.plan == "decode" and p.waiting_tokens == 1 and p.num_prefills == 0
 
 
 def test_with_prefill_chunking_a_join_that_did_not_run_is_no_join():
@@ -172,6 +185,8 @@ def test_with_prefill_chunking_a_join_that_did_not_run_is_no_join():
     order = p.schedule_order(st(running=batch, waiting=[rq("c")], config=config))
     assert ids(order) == ["a", "b", "c"]
     p.on_step([(r, 1) for r in batch], 0.0)                # c did not run
+    # A decode for TGI's counter too: 0 (a fresh policy) + 1; no prefill, no join counted.
+    assert p.plan == "decode" and p.waiting_tokens == 1 and p.num_prefills == 0 and not p.concat_reasons
     assert ids(p.schedule_order(st(running=batch, waiting=[rq("c")], config=config))) == ["a", "b", "c"]
 
 

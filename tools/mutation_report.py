@@ -82,6 +82,14 @@ def main(argv=None) -> int:
         print(f"\n{len(unexplained)} survivors not listed in tests/mutants/*.md:")
         for key in unexplained:
             print(" ", key)
+        # A listed name that a test killed, or that no longer exists, points at another mutant now:
+        # mutmut numbers a function's mutants in order, so an edit to the function renumbers them.
+        codes = {key: code for module_codes in data.values() for key, code in module_codes.items()}
+        stale = sorted(n for n in known if n.startswith("minibatch.") and (n not in codes or codes[n] in KILLED))
+        if stale:
+            print(f"\n{len(stale)} listed as equivalent but killed or unknown (renumbered? compare `mutmut show`):")
+            for key in stale:
+                print(" ", key)
     return 0
 
 
