@@ -301,6 +301,17 @@ def test_reject_events_carry_the_prompt_length_and_the_error():
     assert seen == [("arrival", 2.0, "x", {"prompt_len": 3}),
                     ("reject", 2.0, "x", {"error": "prompt too long"})]
 
+def test_add_request_keeps_the_given_arrival_time_and_tenant_on_the_request_and_its_event():
+    seen = []
+    e = engine()
+    e.subscribe(lambda ev, t, r, info: seen.append((ev, t, r.request_id, dict(info))))
+    assert e.clock.now() == 0.0                     # the virtual clock has not moved: 2.5 is not "now"
+    e.add_request([10, 11, 12], greedy(), request_id="a", arrival_time=2.5, priority=1, tenant="acme")
+    req = e.requests["a"]
+    assert req.arrival_time == 2.5 and req.tenant == "acme" and req.priority == 1
+    assert seen == [("arrival", 2.5, "a", {"prompt_len": 3, "priority": 1, "tenant": "acme"})]
+
+
 # -- validation ----------------------------------------------------------------------------------------------
 # The whole message, as a user reads it (values worked out from each case: vocabulary 128,
 # max_model_len 64, blocks of 4 tokens).
