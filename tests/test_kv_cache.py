@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from minibatch.config import EngineConfig
 from minibatch.engine import LLMEngine
 from minibatch.executor import StepOutput
-from minibatch.kv_cache import BlockPool, KVCacheManager
+from minibatch.kv_cache import BlockPool, KVCacheManager, hash_block
 from minibatch.request import Request
 from minibatch.sampling_params import SamplingParams
 
@@ -208,6 +208,22 @@ def test_evictions_are_counted_from_zero():
     assert pool.num_evictions == 1 and pool.cached == {}
 
 
+def test_each_eviction_adds_one():
+    pool = BlockPool(2)
+    pool.allocate(2)                                      # blocks 0 and 1
+    assert pool.register(0, 111) is True and pool.register(1, 222) is True
+    pool.release([0, 1])                                  # both free, both still cached
+    pool.allocate(2)                                      # both handed out again: two prefixes evicted
+    assert pool.num_evictions == 2 and pool.cached == {}
+
+
+def test_allocating_more_blocks_than_are_free_names_both_counts():
+    pool = BlockPool(3)
+    pool.allocate(1)                                      # 2 of 3 left
+    with pytest.raises(RuntimeError, match=r"^asked for 3 KV blocks, only 2 free$"):
+        pool.allocate(3)
+
+
 def test_bad_kv_manager_settings_are_refused_by_name():
     with pytest.raises(ValueError, match=r"^unknown kv_allocator 'bogus'; expected one of "):
         KVCacheManager(num_blocks=4, block_size=4, allocator="bogus")
@@ -237,3 +253,58 @@ def test_planned_len_is_capped_by_max_model_len():
     req = Request("r", list(range(3, 9)), SamplingParams(max_tokens=16), 0.0)      # 6 + 16 = 22 tokens
     assert KVCacheManager(8, 4).planned_len(req) == 22
     assert KVCacheManager(8, 4, max_model_len=10).planned_len(req) == 10
+
+
+# -- the contiguous allocator, by hand ------------------------------------------------------------
+def test_contiguous_request_reserve_holds_the_requests_own_length_capped_by_max_model_len():
+    own = KVCacheManager(8, 4, allocator="contiguous", max_model_len=16, contiguous_reserve="request")
+    assert own.blocks_for_request(5) == 2                 # ceil(min(5, 16) / 4)
+    assert own.blocks_for_request(40) == 4                # ceil(min(40, 16) / 4)
+    same = KVCacheManager(8, 4, allocator="contiguous", max_model_len=16)
+    assert same.blocks_for_request(5) == 4                # ceil(16 / 4): every request the same
+    assert KVCacheManager(8, 4).blocks_for_request(5) == 2     # paged: ceil(5 / 4)
+
+
+def test_contiguous_refusals_with_enough_free_blocks_but_no_run_are_each_counted():
+    kv = KVCacheManager(4, 4, allocator="contiguous", max_model_len=16, contiguous_reserve="request")
+    # prompt 1 + max_tokens 3 = 4 tokens: 1 block each, first fit -> blocks 0, 1, 2, 3
+    one = [Request(f"r{i}", [3], SamplingParams(max_tokens=3), 0.0) for i in range(4)]
+    for i, r in enumerate(one):
+        assert kv.allocate_slots(r, 1) and kv.block_table(r.request_id) == [i]
+    kv.free(one[0])
+    kv.free(one[2])                                       # free: 0 and 2, no run of 2
+    two = Request("two", [3], SamplingParams(max_tokens=7), 0.0)       # 8 tokens: 2 blocks
+    # 2 blocks needed, exactly 2 free (need == free still counts), none adjacent: refused, counted
+    assert not kv.allocate_slots(two, 1)
+    assert kv.num_fragmentation_refusals == 1 and kv.take_stranded_blocks() == 2
+    assert not kv.allocate_slots(two, 1)                  # asked again, refused again: 2, not 1
+    assert kv.num_fragmentation_refusals == 2 and kv.take_stranded_blocks() == 2
+    three = Request("three", [3], SamplingParams(max_tokens=11), 0.0)  # 12 tokens: 3 blocks > 2 free
+    assert not kv.allocate_slots(three, 1)                # short of blocks: not fragmentation
+    assert kv.num_fragmentation_refusals == 2 and kv.take_stranded_blocks() == 0
+
+
+# -- prefix hits: the hash chain a hit starts from ------------------------------------------------
+def test_a_prefix_hit_records_the_chain_hashes_so_the_next_full_block_is_cached_after_it():
+    kv = KVCacheManager(8, 4, enable_prefix_caching=True)
+    a = _req("a", list(range(3, 11)))                     # 8 tokens: 2 full blocks
+    assert kv.allocate_slots(a, 8)
+    assert "a" not in kv.req_hashes                       # no hit, nothing computed: no hashes yet
+    a.num_computed_tokens = 8
+    kv.cache_full_blocks(a)
+    b = _req("b", list(range(3, 15)) + [50])              # a's 8 tokens, 4 more, 1 more: 13 tokens
+    hits, n = kv.get_computed_blocks(b)
+    assert n == 8 and hits == kv.block_table("a")         # (13 - 1) // 4 = 3 blocks asked, 2 cached
+    b.num_computed_tokens = n
+    assert kv.allocate_slots(b, 5, hits)                  # ceil(13 / 4) - 2 = 2 new blocks
+    # The hit's hashes, chained from None over each block's own 4 tokens:
+    h0 = hash_block(None, (3, 4, 5, 6))
+    h1 = hash_block(h0, (7, 8, 9, 10))
+    assert kv.req_hashes["b"] == [h0, h1]
+    b.num_computed_tokens = 13
+    kv.cache_full_blocks(b)                               # b's third block (11..14) chains off h1
+    h2 = hash_block(h1, (11, 12, 13, 14))
+    assert kv.req_hashes["b"] == [h0, h1, h2] and kv.pool.lookup(h2) == kv.block_table("b")[2]
+    # so a request sharing b's first 12 tokens hits all three blocks
+    hits, n = kv.get_computed_blocks(_req("c", list(range(3, 15)) + [60]))
+    assert n == 12 and hits == kv.block_table("b")[:3]
