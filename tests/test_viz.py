@@ -25,8 +25,10 @@ SIM = dict(executor="sim", model="llama-2-7b", hardware="a100-80g")
 @pytest.fixture(scope="module")
 def tiny():
     """A real tiny-model run of 10 requests in a KV pool small enough to force preemptions,
-    with its preemption events and a KV snapshot taken mid-run."""
-    wl = synthetic(10, rate=50, input_len=64, output_len=16, seed=0, name="t")
+    with its preemption events and a KV snapshot taken mid-run. All arrive at once: with
+    arrivals spread in time, whether requests overlap (and so preempt) would depend on how
+    long each measured step takes, and a quiet machine once finished them without one."""
+    wl = synthetic(10, rate=float("inf"), input_len=64, output_len=16, seed=0, name="t")
     engine = LLMEngine(EngineConfig.from_kwargs(num_kv_blocks=18, max_num_seqs=8), clock="virtual")
     log = viz.EventLog(engine)
     snaps = []
