@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import itertools
 
 import httpx
-from serving_utils import ServerProcess, free_port
+from serving_utils import ServerProcess, alive, free_port
 
 from minibatch.bench import run_benchmark
 from minibatch.bench.datasets import make_requests
@@ -93,14 +93,6 @@ class RouterServer(ServerProcess):
     def child_pids(self) -> list[int]:
         text = open(self.log_path, errors="replace").read()
         return [int(m) for m in re.findall(r"minibatch: replica \d+ pid (\d+) on ", text)]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def static(args, port: int, log: Path) -> None:

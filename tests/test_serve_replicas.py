@@ -17,19 +17,11 @@ import time
 
 import httpx
 import pytest
-from serving_utils import free_port
+from serving_utils import alive, free_port
 
 WAIT_S = 120
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PDEATHSIG is Linux's")
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def wait_for(cond, timeout: float, what: str):
