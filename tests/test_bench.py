@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import subprocess
@@ -26,6 +27,24 @@ def server(tmp_path_factory):
     srv = ServerProcess(tmp_path_factory.mktemp("bench") / "server.log", "--max-num-seqs", "16")
     yield srv
     srv.stop()
+
+
+@contextlib.asynccontextmanager
+async def stub_server(routes):
+    """An aiohttp app with ``routes`` [(method, path, handler)] on a free loopback port; yields its URL."""
+    from aiohttp import web
+
+    app = web.Application()
+    for method, path, handler in routes:
+        app.router.add_route(method, path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    finally:
+        await runner.cleanup()
 
 
 # -- without a server ---------------------------------------------------------------------------
@@ -88,19 +107,10 @@ def test_the_client_counts_one_chunk_per_event_even_when_they_arrive_together():
         return resp
 
     async def run():
-        app = web.Application()
-        app.router.add_post("/v1/completions", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
+        async with stub_server([("POST", "/v1/completions", handler)]) as url:
             async with aiohttp.ClientSession() as session:
-                return await send_request(session, f"http://127.0.0.1:{port}/v1/completions",
+                return await send_request(session, f"{url}/v1/completions",
                                           {"prompt": "x", "stream": True}, {}, 3, 0.0)
-        finally:
-            await runner.cleanup()
 
     res = asyncio.run(run())
     assert res.success and res.generated_text == "abcdef" and res.output_tokens == 6
@@ -133,20 +143,10 @@ def test_force_close_opens_one_connection_per_request():
         return resp
 
     async def run(force_close):
-        app = web.Application()
-        app.router.add_get("/v1/models", models)
-        app.router.add_post("/v1/completions", completions)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
+        async with stub_server([("GET", "/v1/models", models), ("POST", "/v1/completions", completions)]) as url:
             reqs = make_requests("random", 4, "tiny", input_len=4, output_len=1)
-            return await benchmark(base_url=f"http://127.0.0.1:{port}", model="tiny", requests=reqs,
-                                   max_concurrency=1, force_close=force_close)
-        finally:
-            await runner.cleanup()
+            return await benchmark(base_url=url, model="tiny", requests=reqs, max_concurrency=1,
+                                   force_close=force_close)
 
     assert asyncio.run(run(False))["completed"] == 4 and len(set(peers)) == 1
     peers.clear()
