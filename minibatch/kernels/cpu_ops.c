@@ -172,3 +172,68 @@ void linear_small_m_f32(const float *x, long x_stride, const float *w, const flo
         }
     }
 }
+
+/* ---- projections of a few rows from panel-packed weights -----------------------------
+ * linear_small_m_f32 above reads four weight rows side by side and reduces each dot
+ * product across SIMD lanes at its end. Here the weight is re-laid once
+ * (pack_panels_f32) as panels of PANEL output features, k-major:
+ *   wp[(p * K + k) * PANEL + j] = w[p * PANEL + j, k]   (zero past N),
+ * so a panel is one sequential stream, each k is one broadcast of x[m, k] and
+ * PANEL / 8 FMAs into accumulators that stay in registers, and no lane reduction is
+ * needed. The sum over k runs in order, one accumulator per output. */
+#define PANEL 32
+
+void pack_panels_f32(const float *w, float *wp, int N, int K) {
+    const int panels = (N + PANEL - 1) / PANEL;
+    for (int p = 0; p < panels; p++)
+        for (int k = 0; k < K; k++)
+            for (int j = 0; j < PANEL; j++) {
+                const int n = p * PANEL + j;
+                wp[((long)p * K + k) * PANEL + j] = n < N ? w[(long)n * K + k] : 0.0f;
+            }
+}
+
+/* Rows m0 (and m0 + 1 when two) of x times one panel; writes the panel's cnt outputs. */
+INLINE void panel_rows(const float *x0, const float *x1, const float *w, const int K, const float *bias,
+                       float *y0, float *y1, const int cnt) {
+    float a0[PANEL], a1[PANEL];
+    for (int j = 0; j < PANEL; j++) a0[j] = a1[j] = 0.0f;
+    if (x1) {
+        for (int k = 0; k < K; k++) {
+            const float *wk = w + (long)k * PANEL;
+            const float u = x0[k], v = x1[k];
+#pragma omp simd
+            for (int j = 0; j < PANEL; j++) {
+                a0[j] += wk[j] * u;
+                a1[j] += wk[j] * v;
+            }
+        }
+    } else {
+        for (int k = 0; k < K; k++) {
+            const float *wk = w + (long)k * PANEL;
+            const float u = x0[k];
+#pragma omp simd
+            for (int j = 0; j < PANEL; j++) a0[j] += wk[j] * u;
+        }
+    }
+    for (int j = 0; j < cnt; j++) {
+        y0[j] = bias ? a0[j] + bias[j] : a0[j];
+        if (x1) y1[j] = bias ? a1[j] + bias[j] : a1[j];
+    }
+}
+
+/* y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) for M rows, from pack_panels_f32's wp. */
+void linear_panels_f32(const float *x, long x_stride, const float *wp, const float *bias, float *y,
+                       long y_stride, int M, int N, int K, int num_threads) {
+    const int panels = (N + PANEL - 1) / PANEL;
+#pragma omp parallel for num_threads(num_threads) if ((long)N * K >= PARALLEL_MIN) schedule(static)
+    for (int p = 0; p < panels; p++) {
+        const int n0 = p * PANEL, cnt = N - n0 < PANEL ? N - n0 : PANEL;
+        const float *w = wp + (long)p * K * PANEL;
+        for (int m = 0; m < M; m += 2) {
+            const int two = m + 1 < M;
+            panel_rows(x + m * x_stride, two ? x + (m + 1) * x_stride : NULL, w, K, bias ? bias + n0 : NULL,
+                       y + m * y_stride + n0, two ? y + (m + 1) * y_stride + n0 : NULL, cnt);
+        }
+    }
+}

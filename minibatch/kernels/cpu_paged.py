@@ -110,6 +110,10 @@ def load() -> ctypes.CDLL | None:
         lib.rope_f32.argtypes = [P, L, L, I, I, P, P, P, I]
         lib.linear_small_m_f32.restype = None
         lib.linear_small_m_f32.argtypes = [P, L, P, P, P, L, I, I, I, I]
+        lib.pack_panels_f32.restype = None
+        lib.pack_panels_f32.argtypes = [P, P, I, I]
+        lib.linear_panels_f32.restype = None
+        lib.linear_panels_f32.argtypes = [P, L, P, P, P, L, I, I, I, I]
         lib.argmax_rows_f32.restype = None
         lib.argmax_rows_f32.argtypes = [P, L, L, I, P, I]
         _lib = lib
@@ -230,6 +234,37 @@ def linear_small_m_c(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     _lib.linear_small_m_f32(x.data_ptr(), x.stride(0), weight.data_ptr(),
                             None if bias is None else bias.data_ptr(), out.data_ptr(), n, m, n, k,
                             torch.get_num_threads())
+    return out
+
+
+#: Output features per panel of :func:`pack_panels` (``PANEL`` in cpu_ops.c).
+PANEL = 32
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (``[N, K]`` float32) re-laid for :func:`linear_panels_c`: panels of
+    :data:`PANEL` output features, k-major, zero-padded to a whole panel
+    (``[ceil(N / PANEL), K, PANEL]``)."""
+    n, k = weight.shape
+    w = weight.detach().contiguous()
+    out = torch.empty((n + PANEL - 1) // PANEL, k, PANEL, dtype=w.dtype)
+    _lib.pack_panels_f32(w.data_ptr(), out.data_ptr(), n, k)
+    return out
+
+
+def linear_panels_c(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a 2-D float32 ``x`` of a few rows, from
+    ``panels = pack_panels(weight)`` (``n``: the weight's rows). Each panel is one
+    sequential read that serves every row of ``x``."""
+    m, k = x.shape
+    if panels.dim() != 3 or panels.shape[1] != k or panels.shape[2] != PANEL or panels.shape[0] * PANEL < n:
+        raise ValueError(f"panels of shape {tuple(panels.shape)} do not fit x {tuple(x.shape)} and n={n}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty(m, n, dtype=x.dtype)
+    _lib.linear_panels_f32(x.data_ptr(), x.stride(0), panels.data_ptr(),
+                           None if bias is None else bias.data_ptr(), out.data_ptr(), n, m, n, k,
+                           torch.get_num_threads())
     return out
 
 

@@ -187,6 +187,7 @@ class LlamaModel(nn.Module):
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self._packed_lm_head: torch.Tensor | None = None     # set by prepack_for_cpu
         self._small_m_lm_head = False                        # set by prepack_for_cpu
+        self._lm_head_panels: torch.Tensor | None = None     # set by prepack_for_cpu
         self.fused_cpu_ops = False                           # set by use_fused_cpu_ops
 
     def rope_cache(self, device, dtype):
@@ -230,7 +231,7 @@ class LlamaModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         if self._packed_lm_head is not None:
-            out = small_m_linear(hidden, weight, None) if self._small_m_lm_head else None
+            out = small_m_linear(hidden, weight, None, self._lm_head_panels) if self._small_m_lm_head else None
             if out is None:
                 out = packed_linear(hidden, self._packed_lm_head, None)
             return out.float()
@@ -255,10 +256,12 @@ class LlamaModel(nn.Module):
             if isinstance(module, nn.Linear):
                 module._packed = _pack(module.weight)
                 module._small_m = small_m and _small_m_ok(module.weight, module.bias)
+                module._panels = cpu_paged.pack_panels(module.weight) if module._small_m else None
                 module.forward = _packed_forward.__get__(module)
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         self._packed_lm_head = _pack(weight)
         self._small_m_lm_head = small_m and _small_m_ok(weight, None)
+        self._lm_head_panels = cpu_paged.pack_panels(weight) if self._small_m_lm_head else None
         return True
 
 
@@ -330,16 +333,24 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 SMALL_M_ROWS = int(env("MINIBATCH_SMALL_M_ROWS", "2"))
 
 
-def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """The C matrix-vector path for a 2-D ``x`` of at most ``SMALL_M_ROWS`` rows, or None."""
+def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   panels: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The C matrix-vector path for a 2-D ``x`` of at most ``SMALL_M_ROWS`` rows, or None.
+
+    With ``panels`` (``cpu_paged.pack_panels(weight)``, made once by ``prepack_for_cpu``)
+    the weight is read as sequential panels (``linear_panels_c``); without, from its own
+    rows (``linear_small_m_c``).
+    """
     if x.dim() != 2 or x.shape[0] > SMALL_M_ROWS or x.shape[0] == 0:
         return None
+    if panels is not None:
+        return cpu_paged.linear_panels_c(x, panels, weight.shape[0], bias)
     return cpu_paged.linear_small_m_c(x, weight, bias)
 
 
 def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if self._small_m:
-        out = small_m_linear(x, self.weight, self.bias)
+        out = small_m_linear(x, self.weight, self.bias, self._panels)
         if out is not None:
             return out
     return packed_linear(x, self._packed, self.bias)

@@ -144,6 +144,39 @@ def test_linear_small_m_takes_row_strided_inputs():
     torch.testing.assert_close(cpu_paged.linear_small_m_c(x, w, None), F.linear(x, w), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 5])
+@pytest.mark.parametrize("n,k", [(32, 16), (70, 40), (256, 688), (5, 3)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_panels_matches_f_linear(m, n, k, with_bias):
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    w, x = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g)
+    b = torch.randn(n, generator=g) if with_bias else None
+    panels = cpu_paged.pack_panels(w)
+    assert panels.shape == (-(-n // cpu_paged.PANEL), k, cpu_paged.PANEL)
+    torch.testing.assert_close(cpu_paged.linear_panels_c(x, panels, n, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+
+
+def test_pack_panels_layout_and_padding():
+    w = torch.arange(40 * 3, dtype=torch.float32).view(40, 3)
+    p = cpu_paged.pack_panels(w)
+    assert p.shape == (2, 3, 32)
+    assert p[0, 2, 5] == w[5, 2] and p[1, 1, 7] == w[39, 1]      # panel p, k, j = w[32p + j, k]
+    assert (p[1, :, 8:] == 0).all()                               # rows past N are zeros
+
+
+def test_linear_panels_takes_row_strided_inputs_and_checks_shapes():
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(24, 40, generator=g)
+    wide = torch.randn(3, 100, generator=g)
+    x = wide[:, 30:70]                                     # rows 100 floats apart
+    panels = cpu_paged.pack_panels(w)
+    torch.testing.assert_close(cpu_paged.linear_panels_c(x, panels, 24, None), F.linear(x, w), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="do not fit"):
+        cpu_paged.linear_panels_c(torch.randn(1, 41), panels, 24, None)
+    with pytest.raises(ValueError, match="do not fit"):
+        cpu_paged.linear_panels_c(torch.randn(1, 40), panels, 33, None)
+
+
 def test_prepacked_projections_take_the_c_path_only_for_a_few_rows(monkeypatch):
     from minibatch.model import llama
     llm = LLM("tiny")
@@ -152,8 +185,8 @@ def test_prepacked_projections_take_the_c_path_only_for_a_few_rows(monkeypatch):
     if not getattr(proj, "_small_m", False):
         pytest.skip("prepacked oneDNN linear not available here")
     calls = []
-    real = cpu_paged.linear_small_m_c
-    monkeypatch.setattr(cpu_paged, "linear_small_m_c", lambda x, w, b: calls.append(x.shape[0]) or real(x, w, b))
+    real = cpu_paged.linear_panels_c
+    monkeypatch.setattr(cpu_paged, "linear_panels_c", lambda x, p, n, b: calls.append(x.shape[0]) or real(x, p, n, b))
     for rows in range(1, llama.SMALL_M_ROWS + 3):
         x = torch.randn(rows, proj.in_features)
         torch.testing.assert_close(proj(x), F.linear(x, proj.weight, proj.bias), atol=1e-4, rtol=1e-4)
