@@ -77,6 +77,9 @@ class ModelExecutor:
         shape = (self.num_kv_blocks, config.block_size, mc.num_kv_heads, mc.head_dim)
         # The "cpu" backend also fuses RMSNorm, RoPE and the SwiGLU gate into C ops.
         self.fused_ops = self.backend == "cpu" and self.model.use_fused_cpu_ops()
+        # ... and runs decode steps of a few sequences as one C call (MINIBATCH_FUSED_DECODE=0: per op).
+        self.fused_decode = (self.fused_ops and self.prepacked and env("MINIBATCH_FUSED_DECODE", "1") != "0"
+                             and self.model.enable_fused_decode())
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(mc.num_layers)]

@@ -193,41 +193,44 @@ void pack_panels_f32(const float *w, float *wp, int N, int K) {
             }
 }
 
-/* Rows m0 (and m0 + 1 when two) of x times one panel; writes the panel's cnt outputs. */
+/* Rows m0 (and m0 + 1 when two) of x times one panel; writes the panel's cnt outputs.
+ * GCC/Clang vector types keep the PANEL accumulators in registers (4 AVX registers a
+ * row): written as float arrays with `omp simd`, GCC kept them on the stack. Each step
+ * is a multiply then an add (no FMA contraction, as everywhere in these files). */
+typedef float vec8 __attribute__((vector_size(32)));
+typedef float vec8u __attribute__((vector_size(32), aligned(4)));
+
 INLINE void panel_rows(const float *x0, const float *x1, const float *w, const int K, const float *bias,
                        float *y0, float *y1, const int cnt) {
-    float a0[PANEL], a1[PANEL];
-    for (int j = 0; j < PANEL; j++) a0[j] = a1[j] = 0.0f;
+    vec8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
     if (x1) {
         for (int k = 0; k < K; k++) {
-            const float *wk = w + (long)k * PANEL;
+            const vec8u *wk = (const vec8u *)(w + (long)k * PANEL);
+            const vec8 w0 = wk[0], w1 = wk[1], w2 = wk[2], w3 = wk[3];
             const float u = x0[k], v = x1[k];
-#pragma omp simd
-            for (int j = 0; j < PANEL; j++) {
-                a0[j] += wk[j] * u;
-                a1[j] += wk[j] * v;
-            }
+            a0 += w0 * u; a1 += w1 * u; a2 += w2 * u; a3 += w3 * u;
+            b0 += w0 * v; b1 += w1 * v; b2 += w2 * v; b3 += w3 * v;
         }
     } else {
         for (int k = 0; k < K; k++) {
-            const float *wk = w + (long)k * PANEL;
+            const vec8u *wk = (const vec8u *)(w + (long)k * PANEL);
             const float u = x0[k];
-#pragma omp simd
-            for (int j = 0; j < PANEL; j++) a0[j] += wk[j] * u;
+            a0 += wk[0] * u; a1 += wk[1] * u; a2 += wk[2] * u; a3 += wk[3] * u;
         }
     }
+    float ra[PANEL], rb[PANEL];
+    memcpy(ra, &a0, 32); memcpy(ra + 8, &a1, 32); memcpy(ra + 16, &a2, 32); memcpy(ra + 24, &a3, 32);
+    memcpy(rb, &b0, 32); memcpy(rb + 8, &b1, 32); memcpy(rb + 16, &b2, 32); memcpy(rb + 24, &b3, 32);
     for (int j = 0; j < cnt; j++) {
-        y0[j] = bias ? a0[j] + bias[j] : a0[j];
-        if (x1) y1[j] = bias ? a1[j] + bias[j] : a1[j];
+        y0[j] = bias ? ra[j] + bias[j] : ra[j];
+        if (x1) y1[j] = bias ? rb[j] + bias[j] : rb[j];
     }
 }
 
-/* y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) for M rows, from pack_panels_f32's wp. */
-void linear_panels_f32(const float *x, long x_stride, const float *wp, const float *bias, float *y,
-                       long y_stride, int M, int N, int K, int num_threads) {
-    const int panels = (N + PANEL - 1) / PANEL;
-#pragma omp parallel for num_threads(num_threads) if ((long)N * K >= PARALLEL_MIN) schedule(static)
-    for (int p = 0; p < panels; p++) {
+/* Panels [p0, p1) of y = x @ w^T (+ bias), from pack_panels_f32's wp. */
+void linear_panels_range_f32(const float *x, long x_stride, const float *wp, const float *bias, float *y,
+                             long y_stride, int M, int N, int K, int p0, int p1) {
+    for (int p = p0; p < p1; p++) {
         const int n0 = p * PANEL, cnt = N - n0 < PANEL ? N - n0 : PANEL;
         const float *w = wp + (long)p * K * PANEL;
         for (int m = 0; m < M; m += 2) {
@@ -236,4 +239,12 @@ void linear_panels_f32(const float *x, long x_stride, const float *wp, const flo
                        y + m * y_stride + n0, two ? y + (m + 1) * y_stride + n0 : NULL, cnt);
         }
     }
+}
+
+/* y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) for M rows, from pack_panels_f32's wp. */
+void linear_panels_f32(const float *x, long x_stride, const float *wp, const float *bias, float *y,
+                       long y_stride, int M, int N, int K, int num_threads) {
+    const int panels = (N + PANEL - 1) / PANEL;
+#pragma omp parallel for num_threads(num_threads) if ((long)N * K >= PARALLEL_MIN) schedule(static)
+    for (int p = 0; p < panels; p++) linear_panels_range_f32(x, x_stride, wp, bias, y, y_stride, M, N, K, p, p + 1);
 }

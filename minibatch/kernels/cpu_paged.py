@@ -28,7 +28,7 @@ import torch
 
 from minibatch.config import env
 
-SOURCES = [Path(__file__).with_name(n) for n in ("cpu_paged.c", "cpu_prefill.c", "cpu_ops.c")]
+SOURCES = [Path(__file__).with_name(n) for n in ("cpu_paged.c", "cpu_prefill.c", "cpu_ops.c", "cpu_decode.c")]
 HEADERS = [Path(__file__).with_name("cpu_common.h")]       # part of the build's hash
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
@@ -114,6 +114,9 @@ def load() -> ctypes.CDLL | None:
         lib.pack_panels_f32.argtypes = [P, P, I, I]
         lib.linear_panels_f32.restype = None
         lib.linear_panels_f32.argtypes = [P, L, P, P, P, L, I, I, I, I]
+        lib.decode_model_f32.restype = I
+        lib.decode_model_f32.argtypes = ([P, P, I, P, P, P, I, I, I, P, P, P, P, P, P, P, L, P, I, P] + [I] * 5
+                                         + [F, F, I])
         lib.argmax_rows_f32.restype = None
         lib.argmax_rows_f32.argtypes = [P, L, L, I, P, I]
         _lib = lib

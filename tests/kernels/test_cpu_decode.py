@@ -1,0 +1,98 @@
+"""The fused C decode stack (minibatch/kernels/cpu_decode.c): same tokens, same hidden
+states as the per-op path, taken only where it applies, and clear errors on bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from minibatch import LLM, SamplingParams
+from minibatch.kernels import cpu_paged
+from minibatch.model import llama
+
+pytestmark = pytest.mark.skipif(not cpu_paged.available(), reason=f"C kernels not built here: {cpu_paged.build_error}")
+
+
+def _llm(monkeypatch, fused: bool, **kw) -> LLM:
+    monkeypatch.setenv("MINIBATCH_FUSED_DECODE", "1" if fused else "0")
+    return LLM("tiny", **kw)
+
+
+def _prompts(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(10, 4000, int(rng.integers(3, 150))).tolist() for _ in range(n)]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("max_num_seqs", [1, 2, 5, 20])
+def test_fused_decode_gives_the_per_op_tokens(monkeypatch, threads, max_num_seqs):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        prompts = _prompts(max(7, max_num_seqs + 4), seed=max_num_seqs)
+        params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+        fused = _llm(monkeypatch, True, max_num_seqs=max_num_seqs)
+        assert fused.engine.executor.fused_decode
+        calls = []
+        real = fused.engine.executor.model._fused_decode
+        monkeypatch.setattr(fused.engine.executor.model, "_fused_decode",
+                            lambda ids, *a: calls.append(ids.shape[0]) or real(ids, *a))
+        got = [o.outputs[0].token_ids for o in fused.generate(prompts, params)]
+        plain = _llm(monkeypatch, False, max_num_seqs=max_num_seqs)
+        assert not plain.engine.executor.fused_decode
+        want = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+        assert got == want
+        assert calls and max(calls) <= min(max_num_seqs, llama.SMALL_M_ROWS)
+        steps = fused.engine.steps
+        small = sum(1 for s in steps if s.num_decode_seqs == s.num_seqs and 0 < s.num_seqs <= llama.SMALL_M_ROWS)
+        assert len(calls) == small                # every small decode-only step, and only those
+        if max_num_seqs > llama.SMALL_M_ROWS:    # larger decode batches keep the per-op path
+            assert any(s.num_decode_seqs == s.num_seqs > llama.SMALL_M_ROWS for s in steps)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_fused_decode_hidden_states_equal_the_per_op_forward(monkeypatch):
+    llm = _llm(monkeypatch, True)
+    ex = llm.engine.executor
+    model = ex.model
+    # Two sequences with cached prompts: run the prompts, then one decode step both ways.
+    for p in _prompts(2, seed=9):
+        llm.engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    llm.engine.step()                                     # the prefills
+    batch = llm.engine.scheduler.schedule(llm.engine.clock.now())
+    assert batch.num_seqs == 2 and all(n == 1 for _, n in batch.items)
+    ids, pos, meta, _, _ = ex.prepare(batch, llm.engine.kv)
+    with torch.inference_mode():
+        fused = model(ids, pos, meta, ex.kv_caches).clone()
+        saved, model._fused_decode = model._fused_decode, None
+        plain = model(ids, pos, meta, ex.kv_caches)
+        model._fused_decode = saved
+    assert torch.equal(fused, plain)
+
+
+def test_fused_decode_rejects_bad_ids_and_slots(monkeypatch):
+    llm = _llm(monkeypatch, True)
+    ex = llm.engine.executor
+    llm.engine.add_request(_prompts(1)[0], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    llm.engine.step()
+    batch = llm.engine.scheduler.schedule(llm.engine.clock.now())
+    ids, pos, meta, _, _ = ex.prepare(batch, llm.engine.kv)
+    vocab = ex.model.embed_tokens.weight.shape[0]
+    with torch.inference_mode():
+        with pytest.raises(IndexError, match="outside the vocabulary"):
+            ex.model(torch.tensor([vocab]), pos, meta, ex.kv_caches)
+        num_slots = ex.kv_caches[0][0].shape[0] * ex.kv_caches[0][0].shape[1]
+        meta.slot_mapping = torch.tensor([num_slots])
+        with pytest.raises(IndexError, match="outside the KV cache"):
+            ex.model(ids, pos, meta, ex.kv_caches)
+
+
+def test_fused_decode_is_off_where_it_does_not_apply(monkeypatch):
+    assert not _llm(monkeypatch, True, attention_backend="torch").engine.executor.fused_decode
+    assert not _llm(monkeypatch, False).engine.executor.fused_decode
+    monkeypatch.setattr(llama, "SMALL_M_ROWS", 0)
+    llm = _llm(monkeypatch, True)
+    # No small-m projections, no panels: nothing to fuse.
+    assert not llm.engine.executor.fused_decode
