@@ -24,9 +24,11 @@
  *    holds by spinning up to WAIT_SPIN_US, then yielding the CPU;
  *  - the helper spins HELPER_SPIN_US for the next step, then sleeps on a condition
  *    variable (between steps of a decode loop it is usually still spinning);
- *  - when the caller had to wait longer than WAIT_SPIN_US (the helper was descheduled
- *    holding an item: the cores are shared), the next BACKOFF_US of steps run on the
- *    caller alone.
+ *  - when the caller had to wait longer than CONTENDED_US (the helper was descheduled
+ *    holding an item: the cores are shared), the next steps run on the caller alone for
+ *    BACKOFF_MIN_US, doubling up to BACKOFF_MAX_US while it recurs (a quiet machine
+ *    sees it about once a second, from the hypervisor or a kernel thread; a loaded
+ *    one nearly every step with the helper).
  * Each panel is computed by one thread in a fixed order, so the results do not depend
  * on which thread ran what: they equal the one-thread results bit for bit.
  *
@@ -71,9 +73,15 @@ enum { DL_OK = 0, DL_BAD_SLOT = 1, DL_NO_MEMORY = 2, DL_BAD_ID = 3 };
 #define MAX_LAYERS 256
 #define PHASES_PER_LAYER 8
 #define MAX_PHASES (PHASES_PER_LAYER * MAX_LAYERS + 2)
-#define WAIT_SPIN_US 50.0
-#define HELPER_SPIN_US 200.0
-#define BACKOFF_US 100000.0
+#define WAIT_SPIN_US 50.0         /* spin this long for the other thread's item, then yield */
+#define CONTENDED_US 300.0        /* a wait this long: the other thread was descheduled */
+#define HELPER_SPIN_US 200.0      /* the helper spins this long for the next step, then sleeps */
+#define BACKOFF_MIN_US 10000.0    /* then steps run alone this long, doubling while it recurs */
+#define BACKOFF_MAX_US 320000.0
+
+/* Work items the helper thread has run, steps run with it, and the times a long wait made
+ * the next steps run alone: over the process (tests and benchmarks read them). */
+atomic_long decode_helper_items = 0, decode_helper_steps = 0, decode_backoffs = 0;
 
 typedef struct {
     /* the step */
@@ -181,6 +189,7 @@ static void run_item(job_t *j, const int p, const int i) {
     }
 }
 
+
 /* Claim and run items of each phase in turn; wait for each phase's last item. */
 static void run_phases(job_t *j, const int caller) {
     for (int p = 0; p < j->num_phases; p++) {
@@ -190,16 +199,17 @@ static void run_phases(job_t *j, const int caller) {
             if (i >= n) break;
             run_item(j, p, i);
             atomic_fetch_add(&j->done[p], 1);
+            if (!caller) atomic_fetch_add_explicit(&decode_helper_items, 1, memory_order_relaxed);
         }
         if (atomic_load(&j->done[p]) < n) {
             const double t0 = now_us();
-            int spun = 1;
+            int spin = 1;
             while (atomic_load(&j->done[p]) < n) {
-                if (spun && now_us() - t0 > WAIT_SPIN_US) spun = 0;
-                if (spun) CPU_RELAX();
+                if (spin && now_us() - t0 > WAIT_SPIN_US) spin = 0;
+                if (spin) CPU_RELAX();
                 else sched_yield();
             }
-            if (caller && !spun) atomic_store(&j->waited_long, 1);
+            if (caller && !spin && now_us() - t0 > CONTENDED_US) atomic_store(&j->waited_long, 1);
         }
     }
 }
@@ -210,8 +220,20 @@ static struct {
     pthread_cond_t wake;
     int started, sleeping;
     atomic_int gen, busy;
-    double contended_until;
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0.0};
+    double contended_until, backoff;
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0.0, 0.0};
+
+/* Under the submit lock: a long wait happened (contended) or not; set when steps may use the helper again. */
+static void note_contention(const int contended) {
+    if (!contended) {
+        pool.backoff = 0.0;
+        return;
+    }
+    pool.backoff = pool.backoff == 0.0 ? BACKOFF_MIN_US : (2 * pool.backoff < BACKOFF_MAX_US ? 2 * pool.backoff
+                                                                                            : BACKOFF_MAX_US);
+    pool.contended_until = now_us() + pool.backoff;
+    atomic_fetch_add(&decode_backoffs, 1);
+}
 static job_t the_job;
 
 static void *helper_main(void *arg) {
@@ -283,7 +305,7 @@ int decode_model_f32(const int64_t *ids, const float *embed, int vocab, const fl
         const double t0 = now_us();
         while (atomic_load(&pool.busy) && now_us() - t0 < WAIT_SPIN_US) CPU_RELAX();
         if (atomic_load(&pool.busy)) {         /* descheduled in there: run this step alone */
-            pool.contended_until = now_us() + BACKOFF_US;
+            note_contention(1);
             pthread_mutex_unlock(&pool.submit);
             helper = 0;
         }
@@ -316,7 +338,8 @@ int decode_model_f32(const int64_t *ids, const float *embed, int vocab, const fl
     run_phases(j, 1);
     const int status = atomic_load(&j->status);
     if (helper) {
-        if (atomic_load(&j->waited_long)) pool.contended_until = now_us() + BACKOFF_US;
+        atomic_fetch_add(&decode_helper_steps, 1);
+        note_contention(atomic_load(&j->waited_long));
         pthread_mutex_unlock(&pool.submit);
     }
     free(buf);

@@ -96,3 +96,27 @@ def test_fused_decode_is_off_where_it_does_not_apply(monkeypatch):
     llm = _llm(monkeypatch, True)
     # No small-m projections, no panels: nothing to fuse.
     assert not llm.engine.executor.fused_decode
+
+
+def _counters():
+    import ctypes
+    lib = cpu_paged.load()
+    return {n: ctypes.c_long.in_dll(lib, n).value for n in ("decode_helper_steps", "decode_backoffs")}
+
+
+def test_the_helper_thread_is_offered_the_step_only_with_several_threads(monkeypatch):
+    llm = _llm(monkeypatch, True)
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        c0 = _counters()
+        llm.generate(_prompts(1), params)
+        assert _counters() == c0                       # one thread: the caller alone, no helper at all
+        torch.set_num_threads(2)
+        llm.generate(_prompts(1), params)
+        c1 = _counters()
+        # Each small step either ran with the helper or ran alone after a long wait (a loaded machine).
+        assert c1["decode_helper_steps"] + c1["decode_backoffs"] > c0["decode_helper_steps"] + c0["decode_backoffs"]
+    finally:
+        torch.set_num_threads(before)
