@@ -18,6 +18,12 @@ import os
 # test run beside a build). Passive waiting costs little when the machine is idle.
 # It only takes effect if torch has not been imported yet; set it yourself to override.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Whether torch's OpenMP threads sleep between parallel regions (as far as we can tell:
+# the policy torch's runtime read when it loaded, now or earlier). The fused CPU decode's
+# helper thread (minibatch/kernels/cpu_decode.c) runs only then: beside OpenMP threads
+# that spin for milliseconds after every region it would fight them for the cores.
+OMP_THREADS_SLEEP = (os.environ["OMP_WAIT_POLICY"].strip().upper() == "PASSIVE"
+                     and os.environ.get("GOMP_SPINCOUNT", "0").strip() in ("0", ""))
 
 __version__ = "0.1.0"
 

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import minibatch
 from minibatch import kernels
 from minibatch.kernels import cpu_paged
 from minibatch.config import env
@@ -349,7 +350,7 @@ class FusedDecode:
             logits.data_ptr(), n, hidden, len(model.layers), self.weights, self._kv_pointers(kv_caches),
             model.norm.weight.data_ptr(), cos.data_ptr(), sin.data_ptr(), pos.data_ptr(), slots.data_ptr(),
             num_slots, tables.data_ptr(), tables.shape[1], lens.data_ptr(), *self.sizes, k_cache.shape[1],
-            self.eps, self.scale, int(torch.get_num_threads() > 1))
+            self.eps, self.scale, int(torch.get_num_threads() > 1 and minibatch.OMP_THREADS_SLEEP))
         if status:
             raise {1: IndexError(f"a slot in slot_mapping is outside the KV cache ({num_slots} slots)"),
                    2: MemoryError("the fused decode kernel could not allocate its scratch"),

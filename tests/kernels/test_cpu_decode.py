@@ -105,9 +105,12 @@ def _counters():
 
 
 def test_the_helper_thread_is_offered_the_step_only_with_several_threads(monkeypatch):
+    import minibatch
+
     llm = _llm(monkeypatch, True)
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     before = torch.get_num_threads()
+    monkeypatch.setattr(minibatch, "OMP_THREADS_SLEEP", True)
     try:
         torch.set_num_threads(1)
         c0 = _counters()
@@ -118,5 +121,9 @@ def test_the_helper_thread_is_offered_the_step_only_with_several_threads(monkeyp
         c1 = _counters()
         # Each small step either ran with the helper or ran alone after a long wait (a loaded machine).
         assert c1["decode_helper_steps"] + c1["decode_backoffs"] > c0["decode_helper_steps"] + c0["decode_backoffs"]
+        # Beside spinning OpenMP threads (OMP_WAIT_POLICY not PASSIVE) the helper stays out.
+        monkeypatch.setattr(minibatch, "OMP_THREADS_SLEEP", False)
+        llm.generate(_prompts(1), params)
+        assert _counters() == c1
     finally:
         torch.set_num_threads(before)
