@@ -25,7 +25,7 @@ def _prompts(n: int, seed: int = 0):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("max_num_seqs", [1, 2, 5, 20])
+@pytest.mark.parametrize("max_num_seqs", [1, 2, 5, 40])
 def test_fused_decode_gives_the_per_op_tokens(monkeypatch, threads, max_num_seqs):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
