@@ -229,14 +229,18 @@ def rope_c_(x: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, p
 def linear_small_m_c(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a 2-D float32 ``x`` of a few rows (decode batch
     sizes): one pass over ``weight`` (``[N, K]``, contiguous) serves every row of ``x``."""
+    return _few_rows_linear(_lib.linear_small_m_f32, x, weight, weight.shape[0], bias)
+
+
+def _few_rows_linear(fn, x: torch.Tensor, weight: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """Call a C few-rows linear (``linear_small_m_f32`` or ``linear_panels_f32``: the same
+    arguments, the weight in its own layout) into a fresh ``[m, n]`` output."""
     m, k = x.shape
-    n = weight.shape[0]
     if x.stride(1) != 1:
         x = x.contiguous()
     out = torch.empty(m, n, dtype=x.dtype)
-    _lib.linear_small_m_f32(x.data_ptr(), x.stride(0), weight.data_ptr(),
-                            None if bias is None else bias.data_ptr(), out.data_ptr(), n, m, n, k,
-                            torch.get_num_threads())
+    fn(x.data_ptr(), x.stride(0), weight.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
+       n, m, n, k, torch.get_num_threads())
     return out
 
 
@@ -262,13 +266,7 @@ def linear_panels_c(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.T
     m, k = x.shape
     if panels.dim() != 3 or panels.shape[1] != k or panels.shape[2] != PANEL or panels.shape[0] * PANEL < n:
         raise ValueError(f"panels of shape {tuple(panels.shape)} do not fit x {tuple(x.shape)} and n={n}")
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    out = torch.empty(m, n, dtype=x.dtype)
-    _lib.linear_panels_f32(x.data_ptr(), x.stride(0), panels.data_ptr(),
-                           None if bias is None else bias.data_ptr(), out.data_ptr(), n, m, n, k,
-                           torch.get_num_threads())
-    return out
+    return _few_rows_linear(_lib.linear_panels_f32, x, panels, n, bias)
 
 
 def argmax_rows_c(logits: torch.Tensor) -> torch.Tensor:
