@@ -42,7 +42,7 @@ ENV_VARS = {
     "MINIBATCH_PREPACK": "0 keeps plain F.linear instead of oneDNN-prepacked projection weights (CPU float32)",
     "MINIBATCH_GEMM_BUCKETS": "0 stops padding GEMM row counts to a bounded set of sizes (CPU prepacked weights)",
     "MINIBATCH_SMALL_M_ROWS": "projections of at most this many rows, and decode steps of at most this many "
-                              "sequences, run in C from panel-packed weights (default 32; 0 turns it off)",
+                              "sequences, run in C from panel-packed weights (default 128; 0 turns it off)",
     "MINIBATCH_FUSED_DECODE": "0 runs small decode steps op by op instead of as one C call over every layer "
                               "(CPU float32, cpu backend; minibatch/kernels/cpu_decode.c)",
     "MINIBATCH_ONE_THREAD_TOKENS": "CPU steps of at most this many tokens run on one OpenMP thread, so no "

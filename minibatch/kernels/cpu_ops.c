@@ -227,13 +227,55 @@ INLINE void panel_rows(const float *x0, const float *x1, const float *w, const i
     }
 }
 
+/* Rows m0..m0+ROWS-1 of x times the half panel of HALF outputs at w (a panel's base plus
+ * 0 or HALF: rows of the panel stay PANEL floats apart); writes its cnt outputs a row.
+ * Register-blocked for decode steps of many sequences: ROWS * 2 accumulators, two
+ * weight vectors, a broadcast and a product fill the 16 AVX registers, so each weight
+ * load feeds ROWS rows. The arithmetic is panel_rows's: for each output, in order of k,
+ * a multiply then an add; so any split into blocks gives the same bits. */
+#define HALF 16
+#define ROWS 6
+#define PREFETCH_K 16   /* the first row block fetches the half panel's line this many k ahead */
+INLINE void panel_block(const float *x, const long x_stride, const float *w, const int K, const float *bias,
+                        float *y, const long y_stride, const int cnt, const int fetch) {
+    vec8 a[ROWS][2];
+    for (int r = 0; r < ROWS; r++) a[r][0] = a[r][1] = (vec8){0};
+    for (int k = 0; k < K; k++) {
+        const vec8u *wk = (const vec8u *)(w + (long)k * PANEL);
+        if (fetch) __builtin_prefetch(w + (long)(k + PREFETCH_K) * PANEL);
+        const vec8 w0 = wk[0], w1 = wk[1];
+#pragma GCC unroll 6
+        for (int r = 0; r < ROWS; r++) {
+            const float u = x[r * x_stride + k];
+            a[r][0] += w0 * u;
+            a[r][1] += w1 * u;
+        }
+    }
+    for (int r = 0; r < ROWS; r++) {
+        float o[HALF];
+        memcpy(o, &a[r][0], 32);
+        memcpy(o + 8, &a[r][1], 32);
+        float *yr = y + r * y_stride;
+        for (int j = 0; j < cnt; j++) yr[j] = bias ? o[j] + bias[j] : o[j];
+    }
+}
+
 /* Panels [p0, p1) of y = x @ w^T (+ bias), from pack_panels_f32's wp. */
 void linear_panels_range_f32(const float *x, long x_stride, const float *wp, const float *bias, float *y,
                              long y_stride, int M, int N, int K, int p0, int p1) {
     for (int p = p0; p < p1; p++) {
         const int n0 = p * PANEL, cnt = N - n0 < PANEL ? N - n0 : PANEL;
         const float *w = wp + (long)p * K * PANEL;
-        for (int m = 0; m < M; m += 2) {
+        const int blocked = M - M % ROWS;
+        for (int h = 0; h < cnt; h += HALF)          /* a half panel stays in L1 over the row blocks */
+            for (int m = 0; m < blocked; m += ROWS) {
+                float *ym = y + m * y_stride + n0 + h;
+                const float *bh = bias ? bias + n0 + h : NULL;
+                const int ch = cnt - h < HALF ? cnt - h : HALF;
+                if (m == 0) panel_block(x, x_stride, w + h, K, bh, ym, y_stride, ch, 1);
+                else panel_block(x + m * x_stride, x_stride, w + h, K, bh, ym, y_stride, ch, 0);
+            }
+        for (int m = blocked; m < M; m += 2) {
             const int two = m + 1 < M;
             panel_rows(x + m * x_stride, two ? x + (m + 1) * x_stride : NULL, w, K, bias ? bias + n0 : NULL,
                        y + m * y_stride + n0, two ? y + (m + 1) * y_stride + n0 : NULL, cnt);

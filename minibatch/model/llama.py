@@ -424,11 +424,13 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 #: sequences runs as one C call (:class:`FusedDecode`): oneDNN's fixed cost per call and
 #: the per-op dispatch dominate there. Measured here (the forward and LM head of one
 #: decode step of ``tiny``, 2 threads, medians of 100): 4 rows 3.7 -> 1.5 ms, 8 rows
-#: 3.8-6.5 -> 2.4-2.8 ms, 16 rows 6.9-7.5 -> 4.2-5.4 ms. A whole decode step
-#: (``benchmarks/decode_sweep.py``, 3 rounds) at 24 and 32 sequences took 18.0 and 20.0
-#: ms per op with oneDNN and passive OpenMP threads, 8.2 and 9.8 ms fused.
+#: 3.8-6.5 -> 2.4-2.8 ms, 16 rows 6.9-7.5 -> 4.2-5.4 ms. From 6 rows the kernel works in
+#: register blocks of 6 rows, and whole decode steps of 48-128 sequences took 1.5-1.8x
+#: less time fused than per op with oneDNN (alternating in one process, 6 rounds); the
+#: offline workloads of ``benchmarks/offline_throughput.py`` gained 1.12x (skewed) and
+#: 1.31x (uniform) from 32 to 128 (4 rounds). At 256 the gain was not steady.
 #: ``MINIBATCH_SMALL_M_ROWS=0`` keeps oneDNN for every size.
-SMALL_M_ROWS = int(env("MINIBATCH_SMALL_M_ROWS", "32"))
+SMALL_M_ROWS = int(env("MINIBATCH_SMALL_M_ROWS", "128"))
 
 
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

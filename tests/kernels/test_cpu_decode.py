@@ -25,8 +25,11 @@ def _prompts(n: int, seed: int = 0):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("max_num_seqs", [1, 2, 5, 40])
-def test_fused_decode_gives_the_per_op_tokens(monkeypatch, threads, max_num_seqs):
+@pytest.mark.parametrize("max_num_seqs, rows", [(1, None), (2, None), (5, None), (40, 32), (70, None)],
+                         ids=["1", "2", "5", "40-past-32-rows", "70"])
+def test_fused_decode_gives_the_per_op_tokens(monkeypatch, threads, max_num_seqs, rows):
+    if rows is not None:                           # a lower bound, so larger steps keep the per-op path
+        monkeypatch.setattr(llama, "SMALL_M_ROWS", rows)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

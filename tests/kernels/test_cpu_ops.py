@@ -144,8 +144,8 @@ def test_linear_small_m_takes_row_strided_inputs():
     torch.testing.assert_close(cpu_paged.linear_small_m_c(x, w, None), F.linear(x, w), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 5])
-@pytest.mark.parametrize("n,k", [(32, 16), (70, 40), (256, 688), (5, 3)])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 7, 13, 64])     # 6 and more: row blocks of 6 and a remainder
+@pytest.mark.parametrize("n,k", [(32, 16), (70, 40), (256, 688), (5, 3), (20, 9)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_panels_matches_f_linear(m, n, k, with_bias):
     g = torch.Generator().manual_seed(m * 1000 + n + k)
@@ -154,6 +154,19 @@ def test_linear_panels_matches_f_linear(m, n, k, with_bias):
     panels = cpu_paged.pack_panels(w)
     assert panels.shape == (-(-n // cpu_paged.PANEL), k, cpu_paged.PANEL)
     torch.testing.assert_close(cpu_paged.linear_panels_c(x, panels, n, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+
+
+def test_linear_panels_rows_blocked_together_equal_each_row_alone_bit_for_bit():
+    # The fused decode step and the per-op path must agree exactly whatever the batch
+    # size, so a row's result may not depend on which block of rows it was computed in.
+    g = torch.Generator().manual_seed(8)
+    w, x, b = torch.randn(70, 200, generator=g), torch.randn(29, 200, generator=g), torch.randn(70, generator=g)
+    panels = cpu_paged.pack_panels(w)
+    together = cpu_paged.linear_panels_c(x, panels, 70, b)
+    alone = torch.cat([cpu_paged.linear_panels_c(x[i:i + 1], panels, 70, b) for i in range(29)])
+    pairs = torch.cat([cpu_paged.linear_panels_c(x[i:i + 2], panels, 70, b) for i in range(0, 28, 2)])
+    assert torch.equal(together, alone)
+    assert torch.equal(together[:28], pairs)
 
 
 def test_pack_panels_layout_and_padding():

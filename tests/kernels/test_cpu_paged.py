@@ -24,7 +24,7 @@ needs_kernel = pytest.mark.skipif(not cpu_paged.available(),
 @pytest.mark.parametrize("portable", [False, True], ids=["dispatch", "portable"])
 @pytest.mark.parametrize("heads, kv_heads, head_dim",
                          [(8, 4, 32), (8, 8, 64), (8, 1, 128), (6, 2, 48), (4, 4, 16), (16, 1, 32), (6, 6, 96),
-                          (4, 2, 20)])
+                          (4, 2, 20), (4, 1, 8), (2, 2, 136)])
 @pytest.mark.parametrize("block_size", [1, 8, 16])
 def test_decode_matches_reference(heads, kv_heads, head_dim, block_size, portable):
     # 300 and 700 tokens run past the AVX-512 path's 32-row prefetch distance; 7 and 1
