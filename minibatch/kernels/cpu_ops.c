@@ -235,14 +235,12 @@ INLINE void panel_rows(const float *x0, const float *x1, const float *w, const i
  * a multiply then an add; so any split into blocks gives the same bits. */
 #define HALF 16
 #define ROWS 6
-#define PREFETCH_K 16   /* the first row block fetches the half panel's line this many k ahead */
 INLINE void panel_block(const float *x, const long x_stride, const float *w, const int K, const float *bias,
-                        float *y, const long y_stride, const int cnt, const int fetch) {
+                        float *y, const long y_stride, const int cnt) {
     vec8 a[ROWS][2];
     for (int r = 0; r < ROWS; r++) a[r][0] = a[r][1] = (vec8){0};
     for (int k = 0; k < K; k++) {
         const vec8u *wk = (const vec8u *)(w + (long)k * PANEL);
-        if (fetch) __builtin_prefetch(w + (long)(k + PREFETCH_K) * PANEL);
         const vec8 w0 = wk[0], w1 = wk[1];
 #pragma GCC unroll 6
         for (int r = 0; r < ROWS; r++) {
@@ -268,13 +266,9 @@ void linear_panels_range_f32(const float *x, long x_stride, const float *wp, con
         const float *w = wp + (long)p * K * PANEL;
         const int blocked = M - M % ROWS;
         for (int h = 0; h < cnt; h += HALF)          /* a half panel stays in L1 over the row blocks */
-            for (int m = 0; m < blocked; m += ROWS) {
-                float *ym = y + m * y_stride + n0 + h;
-                const float *bh = bias ? bias + n0 + h : NULL;
-                const int ch = cnt - h < HALF ? cnt - h : HALF;
-                if (m == 0) panel_block(x, x_stride, w + h, K, bh, ym, y_stride, ch, 1);
-                else panel_block(x + m * x_stride, x_stride, w + h, K, bh, ym, y_stride, ch, 0);
-            }
+            for (int m = 0; m < blocked; m += ROWS)
+                panel_block(x + m * x_stride, x_stride, w + h, K, bias ? bias + n0 + h : NULL,
+                            y + m * y_stride + n0 + h, y_stride, cnt - h < HALF ? cnt - h : HALF);
         for (int m = blocked; m < M; m += 2) {
             const int two = m + 1 < M;
             panel_rows(x + m * x_stride, two ? x + (m + 1) * x_stride : NULL, w, K, bias ? bias + n0 : NULL,
