@@ -192,7 +192,6 @@ class LlamaModel(nn.Module):
         self._lm_head_panels: torch.Tensor | None = None     # set by prepack_for_cpu
         self.fused_cpu_ops = False                           # set by use_fused_cpu_ops
         self._fused_decode: FusedDecode | None = None        # set by enable_fused_decode
-        self._fused_logits: tuple[torch.Tensor, torch.Tensor] | None = None   # (hidden, logits) of its last step
 
     def rope_cache(self, device, dtype):
         if self._rope_cache is None or self._rope_cache[0].device != device or self._rope_cache[0].dtype != dtype:
@@ -260,9 +259,11 @@ class LlamaModel(nn.Module):
         return True
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        fused, self._fused_logits = self._fused_logits, None
-        if fused is not None and fused[0] is hidden:      # the fused decode step made them already
-            return fused[1]
+        fused = self._fused_decode
+        if fused is not None and fused.last is not None:   # the fused decode step made them already
+            last, fused.last = fused.last, None
+            if last[0] is hidden:
+                return last[1]
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         if self._packed_lm_head is not None:
             out = small_m_linear(hidden, weight, None, self._lm_head_panels) if self._small_m_lm_head else None
@@ -317,6 +318,7 @@ class FusedDecode:
                      m.gate_up_proj._panels.data_ptr(), m.down_proj._panels.data_ptr()]
         self.weights = (ctypes.c_void_p * len(ptrs))(*ptrs)
         self._kv: tuple | None = None
+        self.last: tuple[torch.Tensor, torch.Tensor] | None = None   # (hidden, logits) of the last step
         head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
         if head.shape != model.embed_tokens.weight.shape:
             raise ValueError("the fused decode path needs an LM head of the embedding's shape")
@@ -329,24 +331,28 @@ class FusedDecode:
         return self._kv[1]
 
     def __call__(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
+        # A batch-1 step's C call takes well under a millisecond, so this wrapper keeps to
+        # plain attribute reads: no nn.Module attribute writes, no conversions of tensors
+        # that already have the dtype and layout the C code needs.
         model = self.model
         embed = model.embed_tokens.weight
         n, hidden = input_ids.shape[0], embed.shape[1]
         k_cache = kv_caches[0][0]
         if k_cache.dtype != torch.float32 or not k_cache.is_contiguous():
             raise ValueError("the fused decode path needs contiguous float32 KV caches")
-        cos, sin = model.rope_cache(embed.device, embed.dtype)
-        ids = input_ids.to(torch.int64).contiguous()
-        pos = positions.to(torch.int64).contiguous()
-        slots = meta.slot_mapping.to(torch.int64).contiguous()
-        tables = meta.decode_block_tables.to(torch.int32).contiguous()
-        lens = meta.decode_context_lens.to(torch.int32).contiguous()
+        rope = model._rope_cache                   # a CPU float32 model's (checked in enable_fused_decode)
+        cos, sin = rope if rope is not None and rope[0].dtype == torch.float32 else model.rope_cache(embed.device,
+                                                                                                      embed.dtype)
+        ids, pos = _c_array(input_ids, torch.int64), _c_array(positions, torch.int64)
+        slots = _c_array(meta.slot_mapping, torch.int64)
+        tables = _c_array(meta.decode_block_tables, torch.int32)
+        lens = _c_array(meta.decode_context_lens, torch.int32)
         vocab = embed.shape[0]                     # the LM head's rows too (checked in FusedDecode.__init__)
         out = torch.empty(n, hidden, dtype=embed.dtype)
         logits = torch.empty(n, vocab, dtype=embed.dtype)
         num_slots = k_cache.shape[0] * k_cache.shape[1]
         status = cpu_paged.load().decode_model_f32(
-            ids.data_ptr(), embed.data_ptr(), embed.shape[0], model._lm_head_panels.data_ptr(), out.data_ptr(),
+            ids.data_ptr(), embed.data_ptr(), vocab, model._lm_head_panels.data_ptr(), out.data_ptr(),
             logits.data_ptr(), n, hidden, len(model.layers), self.weights, self._kv_pointers(kv_caches),
             model.norm.weight.data_ptr(), cos.data_ptr(), sin.data_ptr(), pos.data_ptr(), slots.data_ptr(),
             num_slots, tables.data_ptr(), tables.shape[1], lens.data_ptr(), *self.sizes, k_cache.shape[1],
@@ -354,9 +360,14 @@ class FusedDecode:
         if status:
             raise {1: IndexError(f"a slot in slot_mapping is outside the KV cache ({num_slots} slots)"),
                    2: MemoryError("the fused decode kernel could not allocate its scratch"),
-                   3: IndexError(f"a token id is outside the vocabulary ({embed.shape[0]} ids)")}[status]
-        model._fused_logits = (out, logits)        # compute_logits(out) returns these
+                   3: IndexError(f"a token id is outside the vocabulary ({vocab} ids)")}[status]
+        self.last = (out, logits)                  # compute_logits(out) returns these
         return out
+
+
+def _c_array(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as a contiguous ``dtype`` tensor, itself when it already is one."""
+    return t if t.dtype == dtype and t.is_contiguous() else t.to(dtype).contiguous()
 
 
 def warm_up_gemms(model: "LlamaModel", max_rows: int, max_sampled_rows: int) -> int:

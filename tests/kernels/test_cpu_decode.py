@@ -38,9 +38,9 @@ def test_fused_decode_gives_the_per_op_tokens(monkeypatch, threads, max_num_seqs
         fused = _llm(monkeypatch, True, max_num_seqs=max_num_seqs)
         assert fused.engine.executor.fused_decode
         calls = []
-        real = fused.engine.executor.model._fused_decode
-        monkeypatch.setattr(fused.engine.executor.model, "_fused_decode",
-                            lambda ids, *a: calls.append(ids.shape[0]) or real(ids, *a))
+        real_call = llama.FusedDecode.__call__
+        monkeypatch.setattr(llama.FusedDecode, "__call__",
+                            lambda self, ids, *a: calls.append(ids.shape[0]) or real_call(self, ids, *a))
         got = [o.outputs[0].token_ids for o in fused.generate(prompts, params)]
         plain = _llm(monkeypatch, False, max_num_seqs=max_num_seqs)
         assert not plain.engine.executor.fused_decode
