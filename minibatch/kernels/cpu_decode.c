@@ -190,16 +190,27 @@ static void run_item(job_t *j, const int p, const int i) {
 }
 
 
+/* Items claimed at once in phase p. Each claim is an atomic add on a cache line both threads
+ * write: at one or two rows a panel is ~1 us of work, so claims of one panel would spend a
+ * sizeable share of the step moving that line between the cores. */
+static int claim_size(const job_t *j, const int p) {
+    if (j->M > 2) return 1;
+    if (p > j->num_layers * PHASES_PER_LAYER) return 4;           /* the LM head */
+    const int kind = p % PHASES_PER_LAYER;
+    return (kind == 1 || kind == 3 || kind == 5 || kind == 7) ? 2 : 1;
+}
+
 /* Claim and run items of each phase in turn; wait for each phase's last item. */
 static void run_phases(job_t *j, const int caller) {
     for (int p = 0; p < j->num_phases; p++) {
-        const int n = phase_items(j, p);
+        const int n = phase_items(j, p), g = claim_size(j, p);
         for (;;) {
-            const int i = atomic_fetch_add(&j->next[p], 1);
+            const int i = atomic_fetch_add(&j->next[p], g);
             if (i >= n) break;
-            run_item(j, p, i);
-            atomic_fetch_add(&j->done[p], 1);
-            if (!caller) atomic_fetch_add_explicit(&decode_helper_items, 1, memory_order_relaxed);
+            const int end = i + g < n ? i + g : n;
+            for (int k = i; k < end; k++) run_item(j, p, k);
+            atomic_fetch_add(&j->done[p], end - i);
+            if (!caller) atomic_fetch_add_explicit(&decode_helper_items, end - i, memory_order_relaxed);
         }
         if (atomic_load(&j->done[p]) < n) {
             const double t0 = now_us();

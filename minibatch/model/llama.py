@@ -347,6 +347,10 @@ class FusedDecode:
         slots = _c_array(meta.slot_mapping, torch.int64)
         tables = _c_array(meta.decode_block_tables, torch.int32)
         lens = _c_array(meta.decode_context_lens, torch.int32)
+        if not (pos.shape[0] == slots.shape[0] == tables.shape[0] == lens.shape[0] == n):
+            raise ValueError(f"a fused decode step of {n} tokens needs {n} positions, slots, block tables and "
+                             f"context lengths (got {pos.shape[0]}, {slots.shape[0]}, {tables.shape[0]}, "
+                             f"{lens.shape[0]})")
         vocab = embed.shape[0]                     # the LM head's rows too (checked in FusedDecode.__init__)
         out = torch.empty(n, hidden, dtype=embed.dtype)
         logits = torch.empty(n, vocab, dtype=embed.dtype)
