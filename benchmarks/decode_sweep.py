@@ -4,7 +4,9 @@ and minibatch's OpenMP waiting set-ups alone and with a second engine on the sam
 A decode step here: ``B`` sequences of ``--prompt-len`` prompt tokens each generate one
 token. minibatch's figure is the wall time of one ``engine.step()`` call in a step where
 all ``B`` sequences decode (scheduling, input preparation, forward, greedy sampling,
-bookkeeping; the executor's share is printed beside it). llama.cpp's is
+bookkeeping; the executor's share is printed beside it, and, for the fused decode's helper
+thread, the share of measured steps it joined, the work items it ran in each, and its
+backoffs, so a slow run shows whether the helper sat out). llama.cpp's is
 ``llama-batched-bench``'s text-generation time ``T_TG`` over its ``TG`` steps (``llama_decode``
 of ``B`` tokens; no sampling), for ``-npp PROMPT -ntg TG -npl B``.
 
@@ -51,6 +53,7 @@ def child(config: str, out_fd: int) -> int:
     import torch
 
     from minibatch import LLM, SamplingParams
+    from minibatch.kernels import cpu_paged
 
     for part in filter(None, config.split("+")):
         if part.startswith("threads="):
@@ -69,6 +72,7 @@ def child(config: str, out_fd: int) -> int:
 
     def measure(batch: int, prompt_len: int, seconds: float, max_steps: int) -> dict:
         walls, execs = [], []
+        c0 = cpu_paged.decode_helper_counters()
         t_end = time.perf_counter() + seconds
         while time.perf_counter() < t_end and len(walls) < max_steps:
             for _ in range(batch):
@@ -83,8 +87,15 @@ def child(config: str, out_fd: int) -> int:
                     walls.append(dt)
                     execs.append(s.duration)
         engine.steps.clear()
+        c1 = cpu_paged.decode_helper_counters()
+        helped = c1["decode_helper_steps"] - c0["decode_helper_steps"]
         return {"n": len(walls), "wall_ms": 1e3 * statistics.median(walls),
-                "exec_ms": 1e3 * statistics.median(execs)}
+                "exec_ms": 1e3 * statistics.median(execs),
+                # The fused decode's helper thread in this measurement: the share of measured
+                # steps it joined, work items per step it joined, and long waits (backoffs).
+                "helper_pct": 100.0 * min(helped, len(walls)) / max(len(walls), 1),
+                "helper_items": (c1["decode_helper_items"] - c0["decode_helper_items"]) / max(helped, 1),
+                "backoffs": c1["decode_backoffs"] - c0["decode_backoffs"]}
 
     measure(1, 8, 0.2, 50)
     for line in sys.stdin:
@@ -249,16 +260,21 @@ def main() -> int:
         for e in [*engines.values(), *twins.values()]:
             e.stop()
     print(f"\n{'engine / set-up':28s} {'mode':7s} {'batch':>5s} {'step ms (median)':>16s} {'min-max':>13s} "
-          f"{'exec ms':>8s} {'tok/s':>8s}")
+          f"{'exec ms':>8s} {'tok/s':>8s} {'helper %':>8s} {'items':>6s} {'backoffs':>8s}")
     table = []
     for (name, mode, b), vals in sorted(res.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
         w = [v["wall_ms"] for v in vals]
         e = [v["exec_ms"] for v in vals]
         row = {"engine": name, "mode": mode, "batch": b, "step_ms": statistics.median(w), "min": min(w),
                "max": max(w), "exec_ms": statistics.median(e), "runs": w}
+        # minibatch only: median share of steps with the helper, its items a step, total backoffs
+        helper = (f"{statistics.median(v['helper_pct'] for v in vals):8.0f} "
+                  f"{statistics.median(v['helper_items'] for v in vals):6.0f} {sum(v['backoffs'] for v in vals):8d}"
+                  if "helper_pct" in vals[0] else f"{'-':>8s} {'-':>6s} {'-':>8s}")
+        row.update({k: [v[k] for v in vals] for k in ("helper_pct", "helper_items", "backoffs") if k in vals[0]})
         table.append(row)
         print(f"{name:28s} {mode:7s} {b:5d} {row['step_ms']:16.3f} {row['min']:6.2f}-{row['max']:<6.2f} "
-              f"{row['exec_ms']:8.3f} {1e3 * b / row['step_ms']:8.0f}", flush=True)
+              f"{row['exec_ms']:8.3f} {1e3 * b / row['step_ms']:8.0f} {helper}", flush=True)
     print(f"load average per round: {loads}")
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": table, "load_average": loads, "args": vars(args)}, indent=2))

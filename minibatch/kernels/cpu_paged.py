@@ -127,6 +127,15 @@ def load() -> ctypes.CDLL | None:
     return _lib
 
 
+def decode_helper_counters() -> dict[str, int]:
+    """The fused decode's helper-thread counters over this process (``cpu_decode.c``): work
+    items the helper ran, steps run with it, and long waits that sent the next steps to the
+    caller alone; all 0 where the kernel is not built."""
+    lib = load()
+    names = ("decode_helper_items", "decode_helper_steps", "decode_backoffs")
+    return {n: ctypes.c_long.in_dll(lib, n).value if lib is not None else 0 for n in names}
+
+
 def available() -> bool:
     return load() is not None
 

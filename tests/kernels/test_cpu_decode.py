@@ -102,9 +102,8 @@ def test_fused_decode_is_off_where_it_does_not_apply(monkeypatch):
 
 
 def _counters():
-    import ctypes
-    lib = cpu_paged.load()
-    return {n: ctypes.c_long.in_dll(lib, n).value for n in ("decode_helper_steps", "decode_backoffs")}
+    c = cpu_paged.decode_helper_counters()
+    return {n: c[n] for n in ("decode_helper_steps", "decode_backoffs")}
 
 
 def test_the_helper_thread_is_offered_the_step_only_with_several_threads(monkeypatch):
