@@ -79,9 +79,24 @@ enum { DL_OK = 0, DL_BAD_SLOT = 1, DL_NO_MEMORY = 2, DL_BAD_ID = 3 };
 #define BACKOFF_MIN_US 10000.0    /* then steps run alone this long, doubling while it recurs */
 #define BACKOFF_MAX_US 320000.0
 
-/* Work items the helper thread has run, steps run with it, and the times a long wait made
- * the next steps run alone: over the process (tests and benchmarks read them). */
-atomic_long decode_helper_items = 0, decode_helper_steps = 0, decode_backoffs = 0;
+/* Work items the helper thread has run, steps run with it, the times a long wait made the
+ * next steps run alone, and steps of at most ADAPT_MAX_M rows run alone by choice (below):
+ * over the process (tests and benchmarks read them). */
+atomic_long decode_helper_items = 0, decode_helper_steps = 0, decode_backoffs = 0, decode_alone_steps = 0;
+
+/* At one or two rows the helper's half of the work is ~0.1 ms, and whether a second thread
+ * pays for its synchronisation depended on the VM's state: in one decode_sweep run a batch-1
+ * step took 0.53 ms with the helper and 0.66 alone, in another 0.61 with it (joining 98% of
+ * the steps) and 0.52 alone. So for these sizes each mode keeps a moving average of its step
+ * time, the faster one runs, and every EXPLORE_EVERY-th step runs the other to keep its
+ * average current. Results do not depend on the mode (each panel is one thread's). */
+#define ADAPT_MAX_M 2
+#define EXPLORE_EVERY 16
+#define EMA_WEIGHT 0.125
+static struct {
+    long steps;
+    double ema[2];              /* [0]: with the helper, [1]: alone; 0 until measured */
+} adapt[ADAPT_MAX_M];
 
 typedef struct {
     /* the step */
@@ -321,8 +336,17 @@ int decode_model_f32(const int64_t *ids, const float *embed, int vocab, const fl
             helper = 0;
         }
     }
+    /* Under the submit lock: for a small step, run alone if that has been faster lately. */
+    int adapt_m = helper && M <= ADAPT_MAX_M ? M : 0, alone = 0;
+    if (adapt_m) {
+        const double *ema = adapt[adapt_m - 1].ema;
+        const long n = ++adapt[adapt_m - 1].steps;
+        const int prefer_alone = ema[0] > 0 && ema[1] > 0 && ema[1] < ema[0];
+        alone = ema[1] == 0 ? n > 1 : (ema[0] == 0 ? 0 : prefer_alone ^ (n % EXPLORE_EVERY == 0));
+    }
+    const int with_helper = helper && !alone;
     job_t local;
-    job_t *j = helper ? &the_job : &local;
+    job_t *j = with_helper ? &the_job : &local;
     j->ids = ids; j->embed = embed; j->final_norm = final_norm; j->lm_head = lm_head;
     j->cos_cache = cos_cache; j->sin_cache = sin_cache; j->weights = weights; j->kv = kv;
     j->hidden_out = hidden_out; j->logits = logits; j->positions = positions; j->slots = slots;
@@ -340,19 +364,26 @@ int decode_model_f32(const int64_t *ids, const float *embed, int vocab, const fl
         atomic_store(&j->next[p], 0);
         atomic_store(&j->done[p], 0);
     }
-    if (helper) {
+    if (with_helper) {
         pthread_mutex_lock(&pool.lock);
         atomic_fetch_add(&pool.gen, 1);
         if (pool.sleeping) pthread_cond_signal(&pool.wake);
         pthread_mutex_unlock(&pool.lock);
     }
+    const double t0 = now_us();
     run_phases(j, 1);
     const int status = atomic_load(&j->status);
-    if (helper) {
+    if (adapt_m) {
+        double *ema = &adapt[adapt_m - 1].ema[alone];
+        const double dt = now_us() - t0;
+        *ema = *ema == 0 ? dt : (1 - EMA_WEIGHT) * *ema + EMA_WEIGHT * dt;
+        if (alone) atomic_fetch_add(&decode_alone_steps, 1);
+    }
+    if (with_helper) {
         atomic_fetch_add(&decode_helper_steps, 1);
         note_contention(atomic_load(&j->waited_long));
-        pthread_mutex_unlock(&pool.submit);
     }
+    if (helper) pthread_mutex_unlock(&pool.submit);
     free(buf);
     return status;
 }

@@ -129,10 +129,11 @@ def load() -> ctypes.CDLL | None:
 
 def decode_helper_counters() -> dict[str, int]:
     """The fused decode's helper-thread counters over this process (``cpu_decode.c``): work
-    items the helper ran, steps run with it, and long waits that sent the next steps to the
-    caller alone; all 0 where the kernel is not built."""
+    items the helper ran, steps run with it, long waits that sent the next steps to the
+    caller alone, and one- or two-row steps the caller ran alone because that had been
+    faster lately; all 0 where the kernel is not built."""
     lib = load()
-    names = ("decode_helper_items", "decode_helper_steps", "decode_backoffs")
+    names = ("decode_helper_items", "decode_helper_steps", "decode_backoffs", "decode_alone_steps")
     return {n: ctypes.c_long.in_dll(lib, n).value if lib is not None else 0 for n in names}
 
 

@@ -106,6 +106,32 @@ def _counters():
     return {n: c[n] for n in ("decode_helper_steps", "decode_backoffs")}
 
 
+def test_small_steps_also_run_alone_to_compare_and_give_the_same_tokens(monkeypatch):
+    """At one or two rows the step keeps timing both ways (with the helper and alone) and
+    runs the faster, trying the other every 16th step: some steps run alone, and the
+    tokens are those of one thread."""
+    import minibatch
+
+    llm = _llm(monkeypatch, True)
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    before = torch.get_num_threads()
+    monkeypatch.setattr(minibatch, "OMP_THREADS_SLEEP", True)
+    try:
+        torch.set_num_threads(1)
+        want = [o.outputs[0].token_ids for o in llm.generate(_prompts(1, seed=3), params)]
+        torch.set_num_threads(2)
+        c0 = cpu_paged.decode_helper_counters()
+        got = [o.outputs[0].token_ids for o in llm.generate(_prompts(1, seed=3), params)]
+        c1 = cpu_paged.decode_helper_counters()
+    finally:
+        torch.set_num_threads(before)
+    assert got == want
+    # 47 one-row steps: in every 16 consecutive ones at least one ran each way, unless a
+    # long wait (a loaded machine) sent steps to the caller alone anyway.
+    assert c1["decode_alone_steps"] > c0["decode_alone_steps"] or c1["decode_backoffs"] > c0["decode_backoffs"]
+    assert c1["decode_helper_steps"] > c0["decode_helper_steps"] or c1["decode_backoffs"] > c0["decode_backoffs"]
+
+
 def test_the_helper_thread_is_offered_the_step_only_with_several_threads(monkeypatch):
     import minibatch
 
