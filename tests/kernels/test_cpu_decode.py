@@ -106,25 +106,29 @@ def _counters():
     return {n: c[n] for n in ("decode_helper_steps", "decode_backoffs")}
 
 
-def test_small_steps_also_run_alone_to_compare_and_give_the_same_tokens(monkeypatch):
+@pytest.fixture
+def helper_llm(monkeypatch):
+    """A fused-decode LLM with the helper thread allowed (torch's threads sleep); the
+    test sets the thread count, restored afterwards."""
+    import minibatch
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(minibatch, "OMP_THREADS_SLEEP", True)
+    yield _llm(monkeypatch, True)
+    torch.set_num_threads(before)
+
+
+def test_small_steps_also_run_alone_to_compare_and_give_the_same_tokens(helper_llm):
     """At one or two rows the step keeps timing both ways (with the helper and alone) and
     runs the faster, trying the other every 16th step: some steps run alone, and the
     tokens are those of one thread."""
-    import minibatch
-
-    llm = _llm(monkeypatch, True)
     params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
-    before = torch.get_num_threads()
-    monkeypatch.setattr(minibatch, "OMP_THREADS_SLEEP", True)
-    try:
-        torch.set_num_threads(1)
-        want = [o.outputs[0].token_ids for o in llm.generate(_prompts(1, seed=3), params)]
-        torch.set_num_threads(2)
-        c0 = cpu_paged.decode_helper_counters()
-        got = [o.outputs[0].token_ids for o in llm.generate(_prompts(1, seed=3), params)]
-        c1 = cpu_paged.decode_helper_counters()
-    finally:
-        torch.set_num_threads(before)
+    torch.set_num_threads(1)
+    want = [o.outputs[0].token_ids for o in helper_llm.generate(_prompts(1, seed=3), params)]
+    torch.set_num_threads(2)
+    c0 = cpu_paged.decode_helper_counters()
+    got = [o.outputs[0].token_ids for o in helper_llm.generate(_prompts(1, seed=3), params)]
+    c1 = cpu_paged.decode_helper_counters()
     assert got == want
     # 47 one-row steps: in every 16 consecutive ones at least one ran each way, unless a
     # long wait (a loaded machine) sent steps to the caller alone anyway.
@@ -132,26 +136,20 @@ def test_small_steps_also_run_alone_to_compare_and_give_the_same_tokens(monkeypa
     assert c1["decode_helper_steps"] > c0["decode_helper_steps"] or c1["decode_backoffs"] > c0["decode_backoffs"]
 
 
-def test_the_helper_thread_is_offered_the_step_only_with_several_threads(monkeypatch):
+def test_the_helper_thread_is_offered_the_step_only_with_several_threads(monkeypatch, helper_llm):
     import minibatch
 
-    llm = _llm(monkeypatch, True)
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-    before = torch.get_num_threads()
-    monkeypatch.setattr(minibatch, "OMP_THREADS_SLEEP", True)
-    try:
-        torch.set_num_threads(1)
-        c0 = _counters()
-        llm.generate(_prompts(1), params)
-        assert _counters() == c0                       # one thread: the caller alone, no helper at all
-        torch.set_num_threads(2)
-        llm.generate(_prompts(1), params)
-        c1 = _counters()
-        # Each small step either ran with the helper or ran alone after a long wait (a loaded machine).
-        assert c1["decode_helper_steps"] + c1["decode_backoffs"] > c0["decode_helper_steps"] + c0["decode_backoffs"]
-        # Beside spinning OpenMP threads (OMP_WAIT_POLICY not PASSIVE) the helper stays out.
-        monkeypatch.setattr(minibatch, "OMP_THREADS_SLEEP", False)
-        llm.generate(_prompts(1), params)
-        assert _counters() == c1
-    finally:
-        torch.set_num_threads(before)
+    torch.set_num_threads(1)
+    c0 = _counters()
+    helper_llm.generate(_prompts(1), params)
+    assert _counters() == c0                       # one thread: the caller alone, no helper at all
+    torch.set_num_threads(2)
+    helper_llm.generate(_prompts(1), params)
+    c1 = _counters()
+    # Each small step either ran with the helper or ran alone after a long wait (a loaded machine).
+    assert c1["decode_helper_steps"] + c1["decode_backoffs"] > c0["decode_helper_steps"] + c0["decode_backoffs"]
+    # Beside spinning OpenMP threads (OMP_WAIT_POLICY not PASSIVE) the helper stays out.
+    monkeypatch.setattr(minibatch, "OMP_THREADS_SLEEP", False)
+    helper_llm.generate(_prompts(1), params)
+    assert _counters() == c1
