@@ -31,6 +31,12 @@ $(VENV)/.installed-book: $(VENV)/.installed pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[book]"
 	touch $@
 
+# Ray Serve (the optional `ray` extra): `make test` installs it so that tests/cluster/test_ray.py
+# tests the Ray backend; `make course` does not need it.
+$(VENV)/.installed-ray: $(VENV)/.installed pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[ray]"
+	touch $@
+
 setup: $(VENV)/.installed
 
 course: setup
@@ -47,7 +53,7 @@ open-course:
 # 45 s with 2 threads against 17 s with 1 on a loaded machine). Kernel tests set their own.
 TEST_WORKERS ?= 2
 TEST_THREADS ?= 1
-test: setup $(VENV)/.installed-book
+test: setup $(VENV)/.installed-book $(VENV)/.installed-ray
 	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 # The chapters and labs as a static HTML site in _build/book/ (stored outputs, nothing executed).

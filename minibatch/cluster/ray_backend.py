@@ -47,6 +47,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 import time
 import uuid
@@ -64,6 +65,19 @@ DEFAULT_MAX_ONGOING_REQUESTS = 64     # per engine replica; Ray Serve's default 
 # A replica sends the tokens of a stream at most this often (each send is a Ray object), like
 # vLLM's --stream-interval but in seconds; the first token and the end are never held back.
 DEFAULT_STREAM_INTERVAL_S = 0.02
+# The environment of a local Ray instance that minibatch starts (a value already set wins):
+# - RAY_worker_niceness=0: Ray 2.60.0 runs every worker process (the engine replicas, the Serve
+#   controller and proxy) at nice 15 (src/ray/common/ray_config_def.h, worker_niceness) so that
+#   the raylet and the driver come first. Here the replicas are the work; at nice 15, next to
+#   two busy processes on this 2-core machine, an engine replica took 240 s to start (10 s
+#   with the cores free) and the tests timed out.
+# - The Serve controller gives a starting HTTP proxy 5 s for its first readiness check and
+#   kills it after 3 failures in a row (ray/serve/_private/constants.py:
+#   RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S, PROXY_HEALTH_CHECK_UNHEALTHY_THRESHOLD), and then
+#   serve.start fails; with the cores shared, a proxy needed more than those 15 s to start.
+LOCAL_RAY_ENV = {"RAY_worker_niceness": "0",
+                 "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30",
+                 "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
 
 
 def require_ray():
@@ -396,16 +410,23 @@ def start_local_ray(num_cpus: float = 2, attempts: int = 4, **init_kwargs) -> No
     import when the cores are shared) to write its port files
     (``NodeManager::WaitForDashboardAgentPorts``, not configurable in this version) and
     aborts after it; the driver then gives up after a fixed 30 s (``ray/_private/node.py``,
-    ``raylet_start_wait_time_s = 30``). A start that timed out is shut down and tried again."""
+    ``raylet_start_wait_time_s = 30``). A start that timed out is shut down and tried again.
+    The raylet and its workers get ``LOCAL_RAY_ENV`` (worker niceness 0, patient proxy checks)."""
     ray, _ = require_ray()
-    for attempt in range(attempts):
-        try:
-            ray.init(num_cpus=num_cpus, **init_kwargs)
-            return
-        except Exception as e:       # Ray raises a bare Exception here
-            if "timed out during startup" not in str(e) or attempt == attempts - 1:
-                raise
-            ray.shutdown()
+    added = {name: value for name, value in LOCAL_RAY_ENV.items() if name not in os.environ}
+    os.environ.update(added)            # the raylet started by ray.init, and so its workers, inherit them
+    try:
+        for attempt in range(attempts):
+            try:
+                ray.init(num_cpus=num_cpus, **init_kwargs)
+                return
+            except Exception as e:       # Ray raises a bare Exception here
+                if "timed out during startup" not in str(e) or attempt == attempts - 1:
+                    raise
+                ray.shutdown()
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 # -- deployment ----------------------------------------------------------------------------
@@ -524,8 +545,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    ray.init(address=args.address)
     own_cluster = args.address is None
+    if own_cluster:
+        start_local_ray(num_cpus=None)
+    else:
+        ray.init(address=args.address)
 
     def stop(signum, frame):
         raise KeyboardInterrupt

@@ -1,7 +1,7 @@
 """The Ray Serve backend (``minibatch.cluster.ray_backend``) on a local Ray instance of its own.
 
 One Ray instance for the whole module (it costs ~10-15 s and ~0.8 GB to start here):
-``ray.init(num_cpus=2, ...)`` in a module fixture, ``serve.shutdown()`` and
+``ray_backend.start_local_ray(num_cpus=2, ...)`` in a module fixture, ``serve.shutdown()`` and
 ``ray.shutdown()`` after it. Nothing here runs ``ray stop`` (that would end every Ray process
 on the machine). Engine replicas ask for 0.5 CPU each. Every wait is a poll with a generous
 deadline; nothing depends on how fast this machine is.
@@ -101,6 +101,16 @@ def ray_port():
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+
+def test_local_ray_workers_run_at_normal_priority(ray_port):
+    """Ray's own default runs workers at nice 15; start_local_ray sets 0 (see LOCAL_RAY_ENV)."""
+    @ray.remote(num_cpus=0.1)
+    def niceness() -> int:
+        return os.nice(0)
+
+    assert ray.get(niceness.remote(), timeout=DEADLINE_S) == 0
+    assert "RAY_worker_niceness" not in os.environ       # set for ray.init only
 
 
 @pytest.fixture(scope="module")
