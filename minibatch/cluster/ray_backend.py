@@ -45,6 +45,7 @@ module's functions run. Source read: Ray 2.60.0 ``ray/serve/api.py`` (``serve.ru
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -413,9 +414,7 @@ def start_local_ray(num_cpus: float = 2, attempts: int = 4, **init_kwargs) -> No
     ``raylet_start_wait_time_s = 30``). A start that timed out is shut down and tried again.
     The raylet and its workers get ``LOCAL_RAY_ENV`` (worker niceness 0, patient proxy checks)."""
     ray, _ = require_ray()
-    added = {name: value for name, value in LOCAL_RAY_ENV.items() if name not in os.environ}
-    os.environ.update(added)            # the raylet started by ray.init, and so its workers, inherit them
-    try:
+    with local_ray_environment():
         for attempt in range(attempts):
             try:
                 ray.init(num_cpus=num_cpus, **init_kwargs)
@@ -424,6 +423,16 @@ def start_local_ray(num_cpus: float = 2, attempts: int = 4, **init_kwargs) -> No
                 if "timed out during startup" not in str(e) or attempt == attempts - 1:
                     raise
                 ray.shutdown()
+
+
+@contextlib.contextmanager
+def local_ray_environment():
+    """``LOCAL_RAY_ENV`` in ``os.environ`` (names not already set) while a ``ray.init`` inside
+    starts a local instance: the raylet, and so every worker, inherits it. Removed after."""
+    added = {name: value for name, value in LOCAL_RAY_ENV.items() if name not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
     finally:
         for name in added:
             os.environ.pop(name, None)

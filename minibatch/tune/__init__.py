@@ -200,8 +200,11 @@ def parallel_map(fn, jobs: list, processes: int = 2, ray_address: str | None = N
     if ray_address is not None:
         ray = _ray()
         if not ray.is_initialized():
-            ray.init(address=None if ray_address == "local" else ray_address, ignore_reinit_error=True,
-                     include_dashboard=False, log_to_driver=False)
+            from minibatch.cluster.ray_backend import local_ray_environment   # imports no Ray
+
+            with local_ray_environment():      # used only if this starts a local instance
+                ray.init(address=None if ray_address == "local" else ray_address, ignore_reinit_error=True,
+                         include_dashboard=False, log_to_driver=False)
         task = ray.remote(fn)
         return ray.get([task.remote(job) for job in jobs])
     if processes <= 1 or len(jobs) <= 1:

@@ -63,6 +63,34 @@ def test_parse_autoscale_gives_ray_serve_names():
             ray_backend.parse_autoscale(bad)
 
 
+def test_local_ray_environment_is_set_for_the_start_only_and_keeps_what_the_user_set(monkeypatch):
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    monkeypatch.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "7")
+    with ray_backend.local_ray_environment():
+        assert os.environ["RAY_worker_niceness"] == "0"
+        assert os.environ["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] == "7"
+    assert "RAY_worker_niceness" not in os.environ
+    assert os.environ["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] == "7"
+
+
+def test_a_tune_sweep_starting_local_ray_gives_it_that_environment(monkeypatch):
+    ray = pytest.importorskip("ray")
+    from minibatch import tune
+
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    seen = {}
+
+    def fake_init(address=None, **kwargs):
+        seen.update(address=address, niceness=os.environ.get("RAY_worker_niceness"))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", fake_init)
+    with pytest.raises(RuntimeError, match="stop here"):
+        tune.parallel_map(abs, [-1], ray_address="local")
+    assert seen == {"address": None, "niceness": "0"}
+
+
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "minibatch", "serve", "--backend", "ray", *args],
                           check=False, capture_output=True, text=True, timeout=timeout)
@@ -111,6 +139,22 @@ def test_local_ray_workers_run_at_normal_priority(ray_port):
 
     assert ray.get(niceness.remote(), timeout=DEADLINE_S) == 0
     assert "RAY_worker_niceness" not in os.environ       # set for ray.init only
+
+
+def test_tune_on_ray_tasks_gives_the_same_trials_as_in_process(ray_port, monkeypatch):
+    from minibatch import tune
+    from minibatch.workload import load_workload
+
+    sent = []
+    real_remote = ray.remote
+    monkeypatch.setattr(ray, "remote", lambda fn: sent.append(fn) or real_remote(fn))
+    wl, grid, slo = load_workload("chat", n=24), {"max_num_seqs": [4, 32]}, {"ttft": 0.5, "tpot": 0.05}
+    on_ray = tune.sweep(wl, grid=grid, slo=slo, ray_address="auto")     # this module's instance
+    assert sent, "the sweep did not go to Ray tasks"
+    here = tune.sweep(wl, grid=grid, slo=slo, processes=1)
+    assert [(t.config, t.goodput, t.latency) for t in on_ray.trials] == \
+        [(t.config, t.goodput, t.latency) for t in here.trials]
+    assert on_ray.best == here.best
 
 
 @pytest.fixture(scope="module")
