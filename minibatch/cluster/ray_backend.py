@@ -70,7 +70,7 @@ DEFAULT_STREAM_INTERVAL_S = 0.02
 # - RAY_worker_niceness=0: Ray 2.60.0 runs every worker process (the engine replicas, the Serve
 #   controller and proxy) at nice 15 (src/ray/common/ray_config_def.h, worker_niceness) so that
 #   the raylet and the driver come first. Here the replicas are the work; at nice 15, next to
-#   two busy processes on this 2-core machine, an engine replica took 240 s to start (10 s
+#   two busy processes on this 2-core machine, an engine replica took 237 s to start (10 s
 #   with the cores free) and the tests timed out.
 # - The Serve controller gives a starting HTTP proxy 5 s for its first readiness check and
 #   kills it after 3 failures in a row (ray/serve/_private/constants.py:
@@ -404,7 +404,7 @@ def make_ingress_class():
     return Ingress
 
 
-def start_local_ray(num_cpus: float = 2, attempts: int = 4, **init_kwargs) -> None:
+def start_local_ray(num_cpus: float | None = 2, attempts: int = 4, **init_kwargs) -> None:
     """``ray.init`` of a new local Ray instance, tried again when a busy machine makes it time out.
 
     Ray 2.60.0's raylet waits a fixed time for its dashboard agent (a Python process, slow to
