@@ -58,3 +58,43 @@ def test_prose_lives_in_markdown_and_exercises_have_hints(src):
     exercises = text[text.rindex("# ## 练习"):]
     assert "<details>" in exercises and "</details>" in exercises, \
         f"{src.name}: the exercises need hints or worked solutions in a <details> block"
+
+
+# What a learner reads of a code cell: at most this many assert lines and this many lines in all.
+# Longer guards go into a cell tagged "check" (collapsed in JupyterLab, folded in the book).
+VISIBLE_ASSERTS, VISIBLE_LINES = 2, 45
+
+
+def visible_cell_problems(cells) -> list[str]:
+    """Code cells a learner sees (not tagged "check") that hold too many asserts or lines."""
+    problems = []
+    for i, c in enumerate(cells):
+        if c.cell_type != "code" or "check" in c.metadata.get("tags", []):
+            continue
+        lines = c.source.split("\n")
+        asserts = sum(1 for ln in lines if ln.lstrip().startswith("assert"))
+        if asserts > VISIBLE_ASSERTS or len(lines) > VISIBLE_LINES:
+            problems.append(f"cell {i}: {asserts} asserts, {len(lines)} lines ({lines[0][:60]!r})")
+    return problems
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=[s.stem for s in SOURCES])
+def test_guards_live_in_check_cells_and_cells_stay_short(src):
+    problems = visible_cell_problems(read_notebook(src).cells)
+    assert not problems, (f"{src.name}: move the guards into a cell tagged \"check\" "
+                          f"(# %% tags=[\"check\"]) and split long cells: " + "; ".join(problems))
+
+
+def test_check_cells_are_collapsed_and_folded():
+    from nbformat.v4 import new_code_cell
+
+    from minibatch.labs.builder import hide_check_cell
+
+    cell = new_code_cell("assert 1 == 1")
+    cell.metadata["tags"] = ["check"]
+    hide_check_cell(cell)
+    assert cell.metadata["jupyter"]["source_hidden"] is True
+    assert cell.metadata["tags"] == ["check", "hide-input"]
+    assert visible_cell_problems([cell]) == []
+    shown = new_code_cell("\n".join(["assert True"] * 3))
+    assert visible_cell_problems([shown]) and "3 asserts" in visible_cell_problems([shown])[0]

@@ -9,6 +9,8 @@ in jupytext's percent format::
     x = 1                   (a code cell)
     # %% tags=["nbval-ignore-output"]
     dashboard               (a code cell with tags)
+    # %% tags=["check"]
+    assert x == 1           (a guard: runs, shown collapsed; see CHECK_TAG)
 
 :func:`read_notebook` turns it into cells; :func:`execute` runs a notebook top to bottom
 in a kernel that is this very interpreter, with the same environment settings for
@@ -40,6 +42,20 @@ from minibatch.labs.source import LabSource, join_cjk_lines, parse
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 
 
+# A chapter's guards (the asserts that keep its claims true when it is re-run) live in code cells
+# tagged "check": they run like any other cell, but JupyterLab shows them collapsed
+# (``source_hidden``) and the book folds their input away (MyST-NB's ``hide-input``), so the
+# learner's view holds the experiment, not its test (tests/test_chapters.py keeps visible cells short).
+CHECK_TAG = "check"
+
+
+def hide_check_cell(cell) -> None:
+    """Mark a ``check`` cell collapsed in JupyterLab and folded in the book."""
+    cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
+    if "hide-input" not in cell.metadata["tags"]:
+        cell.metadata["tags"].append("hide-input")
+
+
 def read_notebook(path: str | Path) -> nbformat.NotebookNode:
     """The unexecuted notebook of a percent-format source: its cells, each with its tags (and
     JupyterLab's ``jupyter`` display flags, e.g. a collapsed ``source_hidden`` cell) only;
@@ -57,6 +73,8 @@ def read_notebook(path: str | Path) -> nbformat.NotebookNode:
             cell.metadata["tags"] = list(c.metadata["tags"])
         if c.metadata.get("jupyter"):
             cell.metadata["jupyter"] = dict(c.metadata["jupyter"])
+        if CHECK_TAG in cell.metadata.get("tags", []):
+            hide_check_cell(cell)
         cells.append(cell)
     out = new_notebook(cells=cells)
     out.metadata["kernelspec"] = dict(KERNELSPEC)
