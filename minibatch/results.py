@@ -299,6 +299,47 @@ def capacity(attainment, target: float = 0.9, lo: float = 0.5, hi: float = 16.0,
     return lo
 
 
+@dataclass(frozen=True)
+class CapacityEstimate:
+    """Capacity measured once per seed: the median is the figure to quote, ``lo``/``hi`` its spread."""
+
+    per_seed: tuple[float, ...]
+    seeds: tuple
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.per_seed))
+
+    @property
+    def lo(self) -> float:
+        return float(min(self.per_seed))
+
+    @property
+    def hi(self) -> float:
+        return float(max(self.per_seed))
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median: how much the seeds disagree, relative to the figure."""
+        return (self.hi - self.lo) / self.median if self.median > 0 else float("inf")
+
+    def __format__(self, spec: str) -> str:
+        spec = spec or ".2f"
+        return f"{self.median:{spec}} ({self.lo:{spec}}–{self.hi:{spec}})"
+
+
+def capacity_over_seeds(attainment, seeds, target: float = 0.9, lo: float = 0.5, hi: float = 16.0,
+                        tol: float = 0.05) -> CapacityEstimate:
+    """:func:`capacity` by bisection once per seed: ``attainment(rate, seed)`` runs the workload of
+    that seed at that rate and returns its steady-state SLO attainment. A capacity from one seed
+    is one draw of the arrivals; quote the median and show the spread."""
+    seeds = tuple(seeds)
+    if not seeds:
+        raise ValueError("capacity_over_seeds needs at least one seed")
+    per = tuple(capacity(lambda r, s=s: attainment(r, s), target=target, lo=lo, hi=hi, tol=tol) for s in seeds)
+    return CapacityEstimate(per, seeds)
+
+
 def summarize(records: list[RequestRecord], steps: list[StepRecord] | None = None,
               slo: dict[str, float] | None = None, trim: float = 0.0) -> dict:
     """The flat summary dict of a run (see module docstring for the definitions).

@@ -231,3 +231,23 @@ def test_percentiles_read_their_values_as_floats():
     # 0.9 * 3 = 2.7) lies between two 1s. Numeric strings are read as their numbers, None is left out.
     assert percentiles([True, False, True, False], ps=(50, 90)) == pytest.approx({50: 0.5, 90: 1.0})
     assert percentiles(["0.1", "0.3", None], ps=(50,)) == pytest.approx({50: 0.2})
+
+
+def test_capacity_over_seeds_bisects_each_seed_and_reports_median_and_spread():
+    from minibatch.results import capacity_over_seeds
+
+    knees = {1: 2.0, 2: 4.0, 3: 3.0}
+    calls = []
+
+    def attainment(rate, seed):
+        calls.append(seed)
+        return 1.0 if rate <= knees[seed] else 0.0
+
+    est = capacity_over_seeds(attainment, seeds=[1, 2, 3], target=0.9, lo=0.5, hi=16.0, tol=0.01)
+    assert set(calls) == {1, 2, 3}
+    assert [round(c, 1) for c in est.per_seed] == [2.0, 4.0, 3.0]
+    assert abs(est.median - 3.0) < 0.05 and abs(est.lo - 2.0) < 0.05 and abs(est.hi - 4.0) < 0.05
+    assert abs(est.spread - 2.0 / 3.0) < 0.03
+    assert f"{est:.1f}" == "3.0 (2.0–4.0)"
+    with pytest.raises(ValueError):
+        capacity_over_seeds(attainment, seeds=[])
