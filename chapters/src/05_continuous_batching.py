@@ -104,27 +104,36 @@ diagrams.scheduler_step([("run0", 1), ("run1", 1), ("run2", 1)], [("wait0", 700)
 print(inspect.getsource(Scheduler.schedule))
 
 # %% [markdown]
-# 用模拟器看一眼 Token 预算的效果：40 个提示较长（中位数 512 Token）的请求以 20 req/s 到达，把预算设为 512。
-# `minibatch.viz.batch_composition` 把每一步计算的 Token 画成柱子（蓝色解码、橙色预填充），黑线是这一步的序列数。
-# 每一步的柱高都不超过 512：解码 Token 先占，剩余的预算被预填充块填满。
+# 用模拟器看一眼 Token 预算的效果：一小段提示较长的请求流，预算 `BUDGET`：
 
 # %%
-budget_run = run(synthetic(40, 20.0, input_len=lognormal(median=512, sigma=0.5, max=2048),
-                           output_len=lognormal(median=48, sigma=0.6, max=256), seed=2),
-                 **SIM, max_num_batched_tokens=512)
-display(batch_composition(budget_run, figsize=(9, 3.6)))
-tokens_per_step = [st.num_prefill_tokens + st.num_decode_tokens for st in budget_run.steps]
-assert max(tokens_per_step) <= 512, "the prose above says no step exceeds the budget"
-print(f"{len(budget_run.steps)} steps; max tokens in a step: {max(tokens_per_step)} (budget 512); "
-      f"steps that mix prefill and decode: {sum(1 for st in budget_run.steps if st.num_prefill_tokens and st.num_decode_tokens)}")
+BUDGET = 512                                     # max_num_batched_tokens of this demo
+budget_wl = synthetic(40, 20.0, input_len=lognormal(median=512, sigma=0.5, max=2048),
+                      output_len=lognormal(median=48, sigma=0.6, max=256), seed=2)
+bs = budget_wl.stats()
 
 # %% [markdown]
-# 实验 **L03**（`labs/L03_continuous.ipynb`）会让你亲手写出这一步调度（`schedule_step`），在 500 个随机状态上与 minibatch 的
+# {{bs['n']}} 个请求以约 {{bs['rate']:.0f}} req/s 到达，提示长度中位数 {{bs['input_p50']:.0f}} Token，预算设为 {{BUDGET}}。
+# `minibatch.viz.batch_composition` 把每一步计算的 Token 画成柱子（蓝色解码、橙色预填充），黑线是这一步的序列数。
+# 每一步的柱高都不超过 {{BUDGET}}：解码 Token 先占，剩余的预算被预填充块填满。
+
+# %%
+budget_run = run(budget_wl, **SIM, max_num_batched_tokens=BUDGET)
+display(batch_composition(budget_run, figsize=(9, 3.6)))
+tokens_per_step = [st.num_prefill_tokens + st.num_decode_tokens for st in budget_run.steps]
+print(f"{len(budget_run.steps)} steps; max tokens in a step: {max(tokens_per_step)} (budget {BUDGET}); "
+      f"steps that mix prefill and decode: {sum(1 for st in budget_run.steps if st.num_prefill_tokens and st.num_decode_tokens)}")
+
+# %% tags=["check"]
+assert max(tokens_per_step) <= BUDGET, "the prose above says no step exceeds the budget"
+
+# %% [markdown]
+# 实验 **L03**（`labs/L03_continuous.ipynb`）会让你亲手写出这一步调度（`schedule_step`），在大量随机状态上与 minibatch 的
 # `Scheduler` 逐一对比，再把它作为策略插进引擎运行。
 #
 # ## 5.3 在真实的 tiny 模型上跑一次（CPU）
 #
-# 先在真实模型上看迭代级调度的行为。12 个请求同时到达，输出长度服从对数正态分布（有长有短），批大小上限为 4，
+# 先在真实模型上看迭代级调度的行为。一组请求同时到达，输出长度服从对数正态分布（有长有短），批大小上限 `max_num_seqs=4`，
 # 分别用请求级的 `static` 与迭代级的 `continuous` 策略运行嵌入的 tiny 模型。所有请求在 $t=0$ 到达，所以两次运行的
 # **调度决策**（哪一步算哪些请求）与机器快慢无关，是确定的；步长则是在这台 CPU 上实测的，每次运行都会不同。
 
@@ -161,13 +170,15 @@ for ax, (p, r) in zip(axes, tiny.items()):
     ax.set(xlabel="step", title=f"{p}: {len(seqs)} steps")
     ax.grid(alpha=0.3, axis="y")
 axes[0].set_ylabel("sequences per step")
-axes[0].legend(fontsize=7, loc="upper right")
+fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncols=3, fontsize=8, frameon=False)
 fig.suptitle("Batch occupancy per step, tiny model on CPU (12 requests at t=0)", fontsize=10)
-fig.tight_layout()
+fig.tight_layout(rect=(0, 0.07, 1, 1))          # the legend below the panels, off the bars
 plt.show()
 
 # %%
 st_, ct_ = (tiny[p] for p in ("static", "continuous"))
+
+# %% tags=["check"]
 assert len(ct_.steps) < len(st_.steps) and same, "the prose says continuous takes fewer steps, same tokens"
 
 # %% [markdown]
@@ -182,10 +193,7 @@ assert len(ct_.steps) < len(st_.steps) and same, "the prose says continuous take
 # %% [markdown]
 # ## 5.4 在模拟器里放大：偏斜负载下的请求级与迭代级
 #
-# 现在换到模拟的 Llama-2-7B / A100-80GB，负载是一个输出长度偏斜的在线流：泊松到达 6 req/s，提示长度中位数 256，
-# 输出长度对数正态（中位数 64，$\sigma=1$，上限 1024，长尾明显）。三种策略使用相同的批大小上限 `max_num_seqs=32`：
-# `static`、`dynamic`（`max_wait_ms=50`）与 `continuous`。吞吐与延迟都按稳态统计（`summary(trim=0.2)`：去掉到达时间跨度
-# 最前与最后 20% 里到达的请求，吞吐只数这段时间窗里完成的请求）；过载的策略没有稳态，它的延迟会随回放长度一直增长。
+# 现在换到模拟的 Llama-2-7B / A100-80GB，负载是一个输出长度偏斜的在线流（泊松到达，输出长度对数正态，长尾明显）：
 
 # %% tags=["nbval-check-output"]
 SKEW = dict(input_len=lognormal(median=256, sigma=0.5, max=1024),
@@ -194,20 +202,31 @@ skew_wl = synthetic(600, 6.0, **SKEW, seed=0)
 ws = skew_wl.stats()
 print(f"{len(skew_wl)} requests, {ws['rate']:.2f} req/s; output tokens mean {ws['output_mean']:.0f}, "
       f"p50 {ws['output_p50']:.0f}, p99 {ws['output_p99']:.0f}, max {ws['output_max']:.0f}")
+MAX_SEQS, TRIM = 32, 0.2                         # one batch limit for all three; steady state: trim 20% at each end
 POLICIES = {"static": {}, "dynamic": {"max_wait_ms": 50}, "continuous": {}}
-skew = {p: run(skew_wl, **SIM, policy=p, max_num_seqs=32, **kw) for p, kw in POLICIES.items()}
+
+# %% [markdown]
+# 提示长度中位数 {{ws['input_p50']:.0f}}，输出长度中位数 {{ws['output_p50']:.0f}}、p99 {{ws['output_p99']:.0f}}。
+# 三种策略使用相同的批大小上限 `max_num_seqs={{MAX_SEQS}}`：`static`、`dynamic`（`max_wait_ms={{POLICIES['dynamic']['max_wait_ms']}}`）
+# 与 `continuous`。吞吐与延迟都按稳态统计（`summary(trim={{TRIM}})`：去掉到达时间跨度最前与最后 {{TRIM:.0%}} 里到达的请求，
+# 吞吐只数这段时间窗里完成的请求）；过载的策略没有稳态，它的延迟会随回放长度一直增长。
+
+# %% tags=["nbval-check-output"]
+skew = {p: run(skew_wl, **SIM, policy=p, max_num_seqs=MAX_SEQS, **kw) for p, kw in POLICIES.items()}
 md_table(["policy", "throughput (req/s)", "output tok/s", "TTFT p50 (s)", "TTFT p99 (s)", "E2E mean (s)", "E2E p99 (s)",
           "mean seqs per step", "padding waste"],
          [[p, f"{s['request_throughput']:.2f}", f"{s['throughput_tok_s']:.0f}", f"{s['ttft_p50']:.3f}",
            f"{s['ttft_p99']:.2f}", f"{s['e2e_mean']:.2f}", f"{s['e2e_p99']:.2f}", f"{s['mean_batch_size']:.1f}",
-           f"{s['padding_waste']:.2f}"] for p, s in ((p, {**r.summary(), **r.summary(trim=0.2)}) for p, r in skew.items())])
+           f"{s['padding_waste']:.2f}"] for p, s in ((p, {**r.summary(), **r.summary(trim=TRIM)}) for p, r in skew.items())])
 
 # %%
-ss, sd, sc = ({**skew[p].summary(), **skew[p].summary(trim=0.2)} for p in ("static", "dynamic", "continuous"))
+ss, sd, sc = ({**skew[p].summary(), **skew[p].summary(trim=TRIM)} for p in ("static", "dynamic", "continuous"))
 whole = skew["continuous"].summary()
 lam_c = whole["num_requests"] / whole["duration_s"]                 # Little's law, as in chapter 3
 L_c = sum(st.duration * (st.num_running + st.num_waiting) for st in skew["continuous"].steps) / whole["duration_s"]
 offered = sc["num_requests"] / sc["window_s"]                      # arrivals per second inside the steady window
+
+# %% tags=["check"]
 assert ss["request_throughput"] < 0.9 * offered and sd["request_throughput"] < 0.9 * offered, \
     "the prose says request-level batching is overloaded"
 assert abs(sc["request_throughput"] / offered - 1) < 0.05, "the prose says continuous keeps up"
@@ -217,13 +236,13 @@ assert abs(L_c / (lam_c * whole["e2e_mean"]) - 1) < 0.05, "the prose says Little
 # 稳态时间窗里的到达率是 {{offered:.2f}} req/s（整段负载平均 {{ws['rate']:.2f}} req/s），而请求级的 `static` 在这段时间里只完成了
 # {{ss['request_throughput']:.2f}} req/s——它已经过载：
 # {{ss['padding_waste']:.0%}} 的槽位步被已完成的请求占着，长尾请求把整批拖住，队列越排越长，TTFT p50 达到
-# {{ss['ttft_p50']:.1f}} s（这个数取决于回放了多久：过载时没有稳态）。加一个 50 ms 的窗口（`dynamic`）无济于事
+# {{ss['ttft_p50']:.1f}} s（这个数取决于回放了多久：过载时没有稳态）。加一个 {{POLICIES['dynamic']['max_wait_ms']}} ms 的窗口（`dynamic`）无济于事
 # （{{sd['request_throughput']:.2f}} req/s）：第 4 章说过，高负载下窗口不起作用，瓶颈是等整批跑完。`continuous` 跟上了到达率
 # （{{sc['request_throughput']:.2f}} req/s），TTFT p50 只有 {{sc['ttft_p50'] * 1e3:.0f}} ms，平均 E2E 从 {{ss['e2e_mean']:.1f}} s
 # 降到 {{sc['e2e_mean']:.1f}} s。
 #
 # 再看平均每步**在计算**的序列数：两者相近（{{ss['mean_batch_size']:.1f}} 与 {{sc['mean_batch_size']:.1f}}），含义却完全不同。
-# `static` 是在队列很长、严重过载时，32 个槽位里平均只有这么几个在计算，其余被已完成的请求占着；`continuous` 没有过载，
+# `static` 是在队列很长、严重过载时，{{MAX_SEQS}} 个槽位里平均只有这么几个在计算，其余被已完成的请求占着；`continuous` 没有过载，
 # 它的并发数只是负载所需——第 3 章的 Little 定律给出 $\lambda \cdot \overline{E2E}$ = {{lam_c:.2f}} × {{whole['e2e_mean']:.2f}}
 # ≈ {{lam_c * whole['e2e_mean']:.1f}}，与引擎按时间平均测得的系统内请求数 {{L_c:.1f}} 一致。Anyscale 的博客（Daniel et al.,
 # *How continuous batching enables 23x throughput in LLM inference while reducing p50 latency*, 2023）报告借助 vLLM
@@ -246,17 +265,17 @@ for ax, (p, r) in zip(axes, skew.items()):
     ax.step(t[keep], seqs, where="post", color="C0", lw=0.8, label="sequences computing")
     ax.plot(t[keep], np.array([st.num_waiting for st in r.steps])[keep], color="0.4", lw=0.8, ls="--",
             label="waiting in queue")
-    ax.axhline(32, color="k", ls=":", lw=1)
+    ax.axhline(MAX_SEQS, color="k", ls=":", lw=1)
     ax.set(ylabel="requests", title=p, ylim=(0, 60))
     ax.grid(alpha=0.3)
 axes[0].legend(fontsize=7, loc="upper left", ncols=3)
 axes[-1].set_xlabel("time (s)")
-fig.suptitle(f"Batch occupancy over the first {T_MAX:.0f} s (max_num_seqs=32, dotted), skewed outputs at 6 req/s", fontsize=10)
+fig.suptitle(f"Batch occupancy over the first {T_MAX:.0f} s (max_num_seqs={MAX_SEQS}, dotted), skewed outputs at {ws['rate']:.0f} req/s", fontsize=10)
 fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# 最后用甘特图看单个请求的经历（前 40 个请求；灰色排队，橙色预填充，蓝色解码）。上图 `static`：后到的请求排队时间越来越长；
+# 最后用甘特图看单个请求的经历（开头的一段请求；灰色排队，橙色预填充，蓝色解码）。上图 `static`：后到的请求排队时间越来越长；
 # 下图 `continuous`：每个请求到达后几乎立刻开始预填充，短请求很快结束离开，长请求继续解码，互不阻塞。
 
 # %%
@@ -268,7 +287,7 @@ for p in ("static", "continuous"):
 # %% [markdown]
 # ## 5.5 动手：策略、到达率与批大小
 #
-# 下面的控件在 5.4 节的偏斜负载（取 200 个请求）上运行一种策略，画出批占用率随时间的变化并打印主要指标。
+# 下面的控件在 5.4 节的偏斜负载（取一段较短的回放）上运行一种策略，画出批占用率随时间的变化并打印主要指标。
 # 建议试试：把到达率从 2 调到 12 req/s，分别看 `static` 与 `continuous` 在哪里开始过载（队列一路上涨）；再把 `max_num_seqs`
 # 调大，看请求级策略的锯齿怎样变得更深。
 

@@ -105,6 +105,7 @@ def scheduler_step(running: list[tuple[str, int]], waiting: list[tuple[str, int]
     fig, axes = new_figure(figsize)
     ax = axes[0, 0]
     left, seqs = 0, 0
+    narrow = []          # bars too thin for a label of their own (a decode's one token): named together
     for kind, items in (("decode", running), ("prefill", waiting)):
         for rid, need in items:
             if left >= budget or seqs >= max_num_seqs:
@@ -116,13 +117,22 @@ def scheduler_step(running: list[tuple[str, int]], waiting: list[tuple[str, int]
             take = min(need, budget - left)
             color = COLORS["decode"] if kind == "decode" else COLORS["prefill"]
             ax.add_patch(Rectangle((left, 0), take, 0.6, fc=color, ec="white", lw=0.8))
-            label = rid if take == need else f"{rid}: {take} of {need} (chunk)"
-            ax.text(left + take / 2, 0.3, label, ha="center", va="center", fontsize=7, rotation=90 if take < budget * 0.05 else 0)
+            if take < budget * 0.05:
+                narrow.append((left + take / 2, rid, take))
+            else:
+                label = rid if take == need else f"{rid}: {take} of {need} (chunk)"
+                ax.text(left + take / 2, 0.3, label, ha="center", va="center", fontsize=7)
             left += take
             seqs += 1
+    if narrow:
+        sizes = {t for _, _, t in narrow}
+        each = f"{sizes.pop()} token each" if len(sizes) == 1 else "a few tokens each"
+        x = sum(c for c, _, _ in narrow) / len(narrow)
+        ax.annotate(f"{', '.join(r for _, r, _ in narrow)} ({each})", xy=(x, 0.6), xytext=(budget * 0.06, 0.8),
+                    fontsize=7, va="center", arrowprops=dict(arrowstyle="-", color="0.3", lw=0.8))
     ax.axvline(budget, color="r", ls=":", lw=1.2)
-    ax.text(budget, 0.75, f"max_num_batched_tokens = {budget}", color="r", ha="right", fontsize=8)
-    ax.text(0, 0.75, "running requests first (1 token each), then waiting ones in policy order", fontsize=8)
+    ax.text(budget, 0.8, f"max_num_batched_tokens = {budget} ", color="r", ha="right", va="center", fontsize=8)
+    ax.set_title("running requests first, then waiting ones in policy order", fontsize=9)
     ax.set_xlim(0, max(left, budget) * 1.02)
     ax.set_ylim(-1.0, 1.0)
     ax.set_yticks([])
