@@ -21,7 +21,7 @@ time-slicing) and placements of models over GPUs are ``minibatch.cluster.multimo
 ``ClusterResult.requests`` holds every record (each with
 ``.replica``), ``ClusterResult.replicas`` one ``RunResult`` per replica. How the event loop
 keeps N replicas' time apart: ``minibatch.cluster.runner``; the routers and where each
-rule comes from: ``minibatch.cluster.routers``.
+rule comes from: ``minibatch.routing.routers`` (also importable as ``minibatch.cluster.routers``).
 
 Your own router is a class with a ``name`` and a ``choose`` that returns a position in the
 list of views::

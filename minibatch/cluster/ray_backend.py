@@ -6,7 +6,7 @@
 ::
 
     HTTP ─► Ray Serve proxy ─► Ingress (FastAPI, 1 replica) ─handle─► EngineReplica × N
-                                 │ parse + tokenize (server.prepare_request)   (each an AsyncEngine)
+                                 │ parse + tokenize (openai.prepare_request)   (each an AsyncEngine)
                                  │ MinibatchRequestRouter picks the replica (minibatch.cluster.routers)
                                  └ retries / resumes a request whose replica died
 
@@ -20,7 +20,7 @@ HTTP proxy); minibatch adds only the engine in each replica, the router and the 
   Every streamed message is a Ray object, so a replica sends a stream's new tokens at most
   every ``stream_interval_s`` (20 ms; the first token and the end at once).
 - ``Ingress``: completions and chat, streaming and not, through the same checks as
-  ``minibatch serve`` (``minibatch.serving.server.prepare_request``, ``protocol.py``'s
+  ``minibatch serve`` (``minibatch.serving.openai.prepare_request``, ``protocol.py``'s
   shapes); the engine-side checks (prompt length, vocabulary, KV room) run in the replica
   and come back as a 400. Handle methods ``completions(body)`` / ``chat(body)`` return the
   same JSON as HTTP, plus ``"minibatch": {"replica": id, "attempts": n}``; over HTTP the
@@ -232,7 +232,7 @@ def make_ingress_class():
         response,
         usage,
     )
-    from minibatch.serving.server import prepare_request, sse_event
+    from minibatch.serving.openai import prepare_request, sse_event
 
     app = FastAPI(title="minibatch (Ray Serve)")
 

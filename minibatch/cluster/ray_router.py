@@ -6,7 +6,7 @@ that lives in the caller's process (here: the ingress replica). Its one decision
 ranks of replicas, best first; Ray then sends the request to the replica of the first rank
 whose queue has room (at most ``max_ongoing_requests``), and calls
 ``on_request_routed`` / ``on_request_completed`` around it. :class:`MinibatchRequestRouter`
-turns that into one call of a minibatch router (``minibatch.cluster.routers``)::
+turns that into one call of a minibatch router (``minibatch.routing.routers``)::
 
     choose(request, [ReplicaView ...], now) -> position   =>   [[that replica], [the others]]
 
@@ -52,8 +52,8 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-from minibatch.cluster import routers
-from minibatch.cluster.replica import ReplicaView
+from minibatch.routing import routers
+from minibatch.routing.view import ReplicaView
 
 logger = logging.getLogger("minibatch.cluster.ray_router")
 

@@ -68,12 +68,9 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
-import hmac
-import ipaddress
 import json
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -86,8 +83,20 @@ from starlette.requests import ClientDisconnect
 from minibatch.config import add_engine_args, engine_kwargs, env
 from minibatch.sampling_params import show
 from minibatch.serving.async_engine import AsyncEngine, RequestStream
+from minibatch.serving.edge import (  # noqa: F401  (host_allowed, default_allowed_hosts: also importable here)
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_READ_TIMEOUT_S,
+    Edge,
+    Guard,
+    add_edge_args,
+    check_edge_args,
+    default_allowed_hosts,
+    host_allowed,
+    uvicorn_config,
+)
 from minibatch.serving.faults import FaultInjector, StreamCut, parse_fault
 from minibatch.serving.metrics import CONTENT_TYPE_LATEST, ServingMetrics
+from minibatch.serving.openai import load_body, prepare_request, served_model, sse_event
 from minibatch.serving.protocol import (
     APIError,
     Choice,
@@ -95,13 +104,10 @@ from minibatch.serving.protocol import (
     add_error_handlers,
     bad,
     chat_logprobs,
-    check_context,
     chunk,
     completion_logprobs,
-    find_lone_surrogate,
     max_prompt_chars,
     parse_detokenize,
-    parse_request,
     parse_tokenize,
     render_chat,
     response,
@@ -110,16 +116,7 @@ from minibatch.serving.protocol import (
 
 DISCONNECT_POLL_S = 0.5    # how often a non-streaming request checks that its client is still there
 HARD_SHUTDOWN_MARGIN_S = 5.0   # after the graceful timeout and the aborts, uvicorn cuts what is left
-DEFAULT_MAX_BODY_BYTES = 4 * 2 ** 20
-DEFAULT_READ_TIMEOUT_S = 30.0
-# A body over the limit is still read (and dropped) up to this size, so that a client that
-# writes its whole body before reading gets the 413 instead of a reset connection.
-MAX_DRAIN_BYTES = 64 * 2 ** 20
 RETRY_AFTER_S = 1
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")
-OPEN_PATHS = ("/health",)          # never behind the API key (load balancers probe it)
-TOKENIZER_PATHS = ("/tokenize", "/detokenize")   # vLLM's paths: outside /v1 (and its API key)
 
 
 class ServerState:
@@ -133,12 +130,9 @@ class ServerState:
         self.metrics: ServingMetrics = engine.metrics
         self.served_names = served_names
         self.max_concurrent_requests = max_concurrent_requests
-        self.api_key = api_key
-        self.api_key_scope = api_key_scope
-        self.allowed_hosts = {h.lower() for h in allowed_hosts}
-        self.any_ip_host = False            # a wildcard bind: any IP-literal Host is fine too
-        self.max_body_bytes = max_body_bytes
-        self.read_timeout = read_timeout
+        # Host allow-list, API key, body limits (edge.py); any_ip_host: set for a wildcard bind.
+        self.edge = Edge(set(allowed_hosts), False, api_key, api_key_scope, max_body_bytes, read_timeout,
+                         "server", self.metrics.count_http_rejection)
         llm = engine.engine
         self.max_prompt_chars = max_prompt_chars(llm.tokenizer, llm.max_model_len)
         # JSON parsing, chat templates and tokenization: off the event loop and the engine thread.
@@ -146,78 +140,6 @@ class ServerState:
             max_workers=prepare_threads or min(4, os.cpu_count() or 1), thread_name_prefix="minibatch-prepare")
         self.draining = False
         self.faults: FaultInjector | None = None    # set by --enable-fault-injection
-
-    def host_allowed(self, host: str | None) -> bool:
-        return host_allowed(host, self.allowed_hosts, self.any_ip_host)
-
-    def needs_key(self, path: str) -> bool:
-        if self.api_key is None or path in OPEN_PATHS:
-            return False
-        return path == "/v1" or path.startswith("/v1/") or self.api_key_scope == "all"
-
-
-def host_allowed(host: str | None, allowed: set[str], any_ip: bool = False) -> bool:
-    """Is ``host`` (a ``Host`` header: ``name``, ``name:port``, ``[v6]:port``) in ``allowed``
-    (lower-case names; ``*`` allows all)? ``any_ip``: any IP literal is fine too. A request
-    without a Host header (HTTP/1.0) passes: browsers always send one."""
-    if host is None or "*" in allowed:
-        return True
-    name = host.strip().lower()
-    if name.startswith("["):                       # [::1]:8000
-        name = name[1:].split("]", 1)[0]
-    elif name.count(":") == 1:                     # example.com:8000 (one colon: not IPv6)
-        name = name.split(":", 1)[0]
-    if name in allowed:
-        return True
-    if any_ip:
-        try:
-            ipaddress.ip_address(name)
-            return True
-        except ValueError:
-            return False
-    return False
-
-
-class Guard:
-    """Checks that come before any route (a plain ASGI middleware, so streaming is untouched):
-    the Host allow-list (400), the API key (401), and JSON content for ``POST /v1/...`` (415)."""
-
-    def __init__(self, app, state: ServerState):
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            err = self.check(scope)
-            if err is not None:
-                resp = JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-                return await resp(scope, receive, send)
-        await self.app(scope, receive, send)
-
-    def check(self, scope) -> APIError | None:
-        state = self.state
-        headers: dict[str, str] = {}
-        for k, v in scope["headers"]:
-            headers.setdefault(k.decode("latin-1"), v.decode("latin-1"))
-        path = scope["path"]
-        host = headers.get("host")
-        if not state.host_allowed(host):
-            state.metrics.count_http_rejection("host")
-            return APIError(400, f"the Host header {host[:100]!r} is not one this server answers to; "
-                                 "start it with --allowed-hosts NAME ... (or '*')", code="invalid_host")
-        if state.needs_key(path):
-            given = headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {state.api_key}".encode()):
-                state.metrics.count_http_rejection("unauthorized")
-                return APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
-                                code="invalid_api_key")
-        if scope["method"] == "POST" and (path.startswith("/v1/") or path in TOKENIZER_PATHS):
-            ctype = headers.get("content-type", "")
-            if ctype.split(";", 1)[0].strip().lower() != "application/json":
-                state.metrics.count_http_rejection("media_type")
-                return APIError(415, f"Content-Type must be application/json, got {ctype[:100]!r}",
-                                code="unsupported_media_type")
-        return None
 
 
 def build_app(state: ServerState):
@@ -231,7 +153,7 @@ def build_app(state: ServerState):
 
     app = FastAPI(title="minibatch", lifespan=lifespan)
     app.state.minibatch = state
-    app.add_middleware(Guard, state=state)
+    app.add_middleware(Guard, edge=state.edge)
     engine = state.engine
     llm = engine.engine
 
@@ -301,38 +223,8 @@ def build_app(state: ServerState):
                            code="rate_limit_exceeded", headers={"Retry-After": str(RETRY_AFTER_S)})
 
     async def read_body(request: Request) -> bytes:
-        """The body, under ``max_body_bytes`` (413) and ``read_timeout`` (408)."""
-        limit = state.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.strip().isdigit() and int(declared) > MAX_DRAIN_BYTES:
-            state.metrics.count_http_rejection("too_large")
-            raise too_large(limit)
-        chunks: list[bytes] = []
-        size = 0
-
-        async def read() -> None:
-            nonlocal size
-            async for piece in request.stream():
-                size += len(piece)
-                if size <= limit:
-                    chunks.append(piece)
-                elif size > MAX_DRAIN_BYTES:
-                    return
-
-        try:
-            await asyncio.wait_for(read(), state.read_timeout)
-        except asyncio.TimeoutError:
-            state.metrics.count_http_rejection("timeout")
-            raise APIError(408, f"the request body did not arrive within {state.read_timeout:g} s "
-                                "(--read-timeout)", code="request_timeout", headers={"Connection": "close"}) from None
-        if size > limit:
-            state.metrics.count_http_rejection("too_large")
-            raise too_large(limit)
-        return b"".join(chunks)
-
-    def too_large(limit: int) -> APIError:
-        return APIError(413, f"the request body is larger than this server's limit of {limit} bytes "
-                             "(--max-request-body-bytes)", code="request_too_large", headers={"Connection": "close"})
+        """The body, under the edge's size (413) and time (408) limits."""
+        return await state.edge.read_body(request)
 
     def prepare(raw: bytes, chat: bool) -> GenerationRequest:
         """Parse, check, render and tokenize a request (in the thread pool)."""
@@ -420,8 +312,8 @@ def build_app(state: ServerState):
 
     def tokenize_body(raw: bytes) -> dict:
         """vLLM's ``/tokenize``: ``{count, max_model_len, tokens, token_strs}``."""
-        t = parse_tokenize(_load_body(raw))
-        _served_model(t.model, state.served_names)
+        t = parse_tokenize(load_body(raw))
+        served_model(t.model, state.served_names)
         tok = needs_tokenizer()
         text = t.text if t.messages is None else render_chat(t.messages, tok, t.add_generation_prompt)
         ids = tok.encode(text, add_special_tokens=t.add_special_tokens)
@@ -430,8 +322,8 @@ def build_app(state: ServerState):
 
     def detokenize_body(raw: bytes) -> dict:
         """vLLM's ``/detokenize``: ``{tokens}`` -> ``{prompt}``."""
-        model, ids = parse_detokenize(_load_body(raw))
-        _served_model(model, state.served_names)
+        model, ids = parse_detokenize(load_body(raw))
+        served_model(model, state.served_names)
         tok = needs_tokenizer()
         if llm.vocab_size is not None:
             out = next((t for t in ids if not 0 <= t < llm.vocab_size), None)
@@ -445,75 +337,6 @@ def build_app(state: ServerState):
         return llm.tokenizer
 
     return app
-
-
-def _load_body(raw: bytes):
-    """The JSON body (400 if it is not JSON or holds text that is not valid Unicode)."""
-    try:
-        body = json.loads(raw)
-    except RecursionError:
-        raise bad(None, "the request body is nested too deeply to parse") from None
-    except ValueError as e:        # not JSON, not UTF-8, or an integer of over 4300 digits
-        raise bad(None, f"the request body is not valid JSON: {str(e)[:200]}") from None
-    where = find_lone_surrogate(body)
-    if where is not None:
-        raise bad(where, f"'{where}' holds a lone UTF-16 surrogate (such as \\ud800 without its pair), "
-                         "which is not valid Unicode text")
-    return body
-
-def _served_model(model: str | None, served_names: list[str]) -> str:
-    model = served_names[0] if model is None else model
-    if model not in served_names:
-        raise APIError(404, f"the model {model!r} does not exist; this server serves "
-                            f"{served_names}", param="model", code="model_not_found")
-    return model
-
-def _encode(llm, text: str, add_special_tokens: bool) -> list[int]:
-    if not add_special_tokens:
-        return llm.tokenize(text)[1]
-    if llm.tokenizer is None:
-        raise ValueError("this model has no tokenizer; pass the prompt as a list of token ids")
-    return llm.tokenizer.encode(text, add_special_tokens=True)
-
-def prepare_request(raw: bytes, chat: bool, llm, served_names: list[str],
-                    prompt_chars_limit: int | None) -> GenerationRequest:
-    """Parse, check, render and tokenize a request body (``APIError`` on bad input).
-
-    ``llm`` is anything with ``tokenizer``, ``max_model_len``, ``tokenize(text)`` and
-    ``validate(ids, params)`` (an ``LLMEngine``; the Ray backend's ingress passes a front
-    that leaves the engine-side checks to the replica). Shared by this server and
-    ``minibatch.cluster.ray_backend``."""
-    req = parse_request(_load_body(raw), chat, llm.tokenizer, llm.max_model_len, render=False)
-    req.model = _served_model(req.model, served_names)
-    param = "messages" if chat else "prompt"
-    limit = prompt_chars_limit
-    ids_list, texts = [], []
-    for k, prompt in enumerate([None] if chat else req.all_prompts()):
-        where = param if chat or len(req.all_prompts()) == 1 else f"prompt[{k}]"
-        if chat:
-            chars = sum(len(m["content"]) for m in req.messages)
-        else:
-            chars = len(prompt) if isinstance(prompt, str) else 0
-        if limit is not None and chars > limit:
-            raise bad(param, f"the {where} of {chars} characters is too long: that many characters make "
-                             f"more than max_model_len={llm.max_model_len} tokens with this tokenizer")
-        text = render_chat(req.messages, llm.tokenizer) if chat else prompt
-        try:
-            ids = _encode(llm, text, req.add_special_tokens) if isinstance(text, str) else llm.tokenize(text)[1]
-            llm.validate(ids, req.params)
-        except ValueError as e:
-            raise bad(param, str(e) if where == param else f"{where}: {e}") from None
-        check_context(req, len(ids), llm.max_model_len)
-        ids_list.append(ids)
-        if req.echo:
-            texts.append(text if isinstance(text, str) else
-                         llm.tokenizer.decode(ids) if llm.tokenizer is not None else "")
-    req.prompt, req.prompts, req.prompt_texts = ids_list[0], ids_list, texts or None
-    return req
-
-
-def sse_event(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 def format_logprobs(llm, req: GenerationRequest, token_ids: list[int], entries: list,
@@ -625,52 +448,6 @@ async def sse_events(engine: AsyncEngine, streams, req: GenerationRequest, rid: 
                 engine.abort(st.request_id)
 
 
-def _timed_protocol(read_timeout: float):
-    """uvicorn's httptools protocol, plus a deadline on the request headers: a connection
-    that opens and sends nothing, or sends its headers slowly, is closed after
-    ``read_timeout`` seconds (uvicorn itself only times out idle keep-alive connections).
-    ``None`` when httptools is not installed (uvicorn then uses h11, without this deadline)."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:
-        return None
-
-    class TimedHttpToolsProtocol(HttpToolsProtocol):
-        _header_timer = None
-
-        def _arm(self) -> None:
-            if self._header_timer is None:
-                self._header_timer = self.loop.call_later(read_timeout, self._headers_timed_out)
-
-        def _disarm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _headers_timed_out(self) -> None:
-            self._header_timer = None
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.close()
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._arm()
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._arm()
-
-        def on_headers_complete(self) -> None:
-            self._disarm()
-            super().on_headers_complete()
-
-        def connection_lost(self, exc) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-    return TimedHttpToolsProtocol
-
-
 def _make_server(app, host: str, port: int, state: ServerState, graceful_timeout: float, log_level: str):
     import uvicorn
 
@@ -700,22 +477,9 @@ def _make_server(app, host: str, port: int, state: ServerState, graceful_timeout
                 for s, handler in previous.items():
                     signal.signal(s, handler)
 
-    protocol = _timed_protocol(state.read_timeout)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=graceful_timeout + HARD_SHUTDOWN_MARGIN_S,
-                            timeout_keep_alive=5, **({"http": protocol} if protocol is not None else {}))
+    config = uvicorn_config(app, host, port, state.edge, log_level=log_level,
+                            timeout_graceful_shutdown=graceful_timeout + HARD_SHUTDOWN_MARGIN_S)
     return Server(config)
-
-
-def default_allowed_hosts(bind_host: str) -> tuple[list[str], bool]:
-    """The Host names a server bound to ``bind_host`` answers to by default, and whether any
-    IP-literal Host is fine too (a wildcard bind: clients may use any of the machine's
-    addresses; an IP literal cannot be a DNS-rebinding name)."""
-    names = [*LOOPBACK_HOSTS, bind_host.strip("[]")]
-    wildcard = bind_host.strip("[]") in WILDCARD_HOSTS
-    if wildcard:
-        names += [socket.gethostname(), socket.getfqdn()]
-    return [n for n in dict.fromkeys(n.lower() for n in names) if n], wildcard
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -736,15 +500,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-scope", choices=["v1", "all"], default="v1",
                    help="routes the API key covers: v1 (the /v1 API) or all (also /metrics, /docs, /redoc, "
                         "/openapi.json; /health stays open) (default: v1)")
-    p.add_argument("--allowed-hosts", nargs="+", default=None, metavar="NAME",
-                   help="Host header values to answer (DNS-rebinding guard); '*' accepts any (default: "
-                        "localhost, 127.0.0.1, ::1 and --host; with a wildcard --host also this machine's "
-                        "name and any IP address)")
-    p.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
-                   help=f"larger request bodies get 413 (default: {DEFAULT_MAX_BODY_BYTES})")
-    p.add_argument("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT_S,
-                   help="seconds a client may take to send a request's headers, and again its body "
-                        f"(default: {DEFAULT_READ_TIMEOUT_S:g})")
+    add_edge_args(p)
     p.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGTERM")
     p.add_argument("--enable-fault-injection", action="store_true",
@@ -771,10 +527,11 @@ def main(argv: list[str] | None = None) -> int:
     from minibatch.config import EngineConfig
     from minibatch.engine import LLMEngine
 
-    for name in ("max_request_body_bytes", "read_timeout"):
-        if not getattr(args, name) > 0:
-            print(f"error: --{name.replace('_', '-')} must be positive", file=sys.stderr)
-            return 2
+    try:
+        check_edge_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         config = EngineConfig.from_kwargs(**engine_kwargs(args))
         llm_engine = LLMEngine(config)
@@ -791,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics = ServingMetrics(names[0], llm_engine.max_model_len)
     state = ServerState(AsyncEngine(llm_engine, metrics), names, limit, args.api_key, args.api_key_scope,
                         hosts, args.max_request_body_bytes, args.read_timeout)
-    state.any_ip_host = any_ip
+    state.edge.any_ip_host = any_ip
     if args.enable_fault_injection:
         state.faults = FaultInjector()
     server = _make_server(build_app(state), args.host, args.port, state,
