@@ -13,10 +13,13 @@ and the step is the sum over kernels (T = all new tokens, S = sequences that sam
 h = hidden, d = head_dim, per GPU: H = num_heads/tp, K = ceil(num_kv_heads/tp)):
 
 * GEMMs, per layer: QKV, O, gate+up, down. A (M=T) x (k x n/tp) GEMM has
-  F = 2*T*k*n/tp and B = (k*n/tp + T*k + T*n/tp) * dtype_bytes: at small T it reads
-  weights (memory-bound, the time is flat in T), at large T it is compute-bound.
-* LM head: the same for M = S rows (one per sequence; a chunk that does not end its
-  prompt samples nothing in reality, so this slightly over-counts).
+  F = 2*T*k*n/tp and B = k*n/tp * w + (T*k + T*n/tp) * dtype_bytes, w the bytes per weight
+  (``dtype_bytes``, or ``ModelSpec.weight_dtype_bytes`` for weight-only quantization: the
+  weights are read small and dequantized, the arithmetic stays 16-bit, and the dequantization
+  itself is not counted): at small T it reads weights (memory-bound, the time is flat in T),
+  at large T it is compute-bound.
+* LM head: the same for M = S rows at ``dtype_bytes`` (one per sequence; a chunk that does not
+  end its prompt samples nothing in reality, so this slightly over-counts).
 * Prefill attention (one varlen flash-attention call): a chunk of n new tokens after
   p = c - n cached ones scores P = n*p + n*(n+1)/2 (query, key) pairs (causal);
   F = 4*H*d*P per layer, B = (2*K*d*c + 2*K*d*n + 2*H*d*n) * dtype_bytes.
@@ -116,9 +119,10 @@ class RooflineCostModel:
         """``max(flops / effective_flops, bytes / effective_bandwidth)`` in seconds."""
         return max(flops / self.flops, bytes_moved / self.bandwidth)
 
-    def _gemm(self, rows: int, k: int, n: int) -> float:
+    def _gemm(self, rows: int, k: int, n: int, weight_bytes: float | None = None) -> float:
         b = self.model.dtype_bytes
-        return self.roofline(2.0 * rows * k * n, (k * n + rows * k + rows * n) * b)
+        w = b if weight_bytes is None else weight_bytes
+        return self.roofline(2.0 * rows * k * n, k * n * w + (rows * k + rows * n) * b)
 
     def _allreduce(self, nbytes: float) -> float:
         """Ring all-reduce: ``2*(tp-1)/tp * bytes / (link_bw * link_eff) + latency``."""
@@ -143,7 +147,8 @@ class RooflineCostModel:
                              "communication", "overhead"), 0.0)
         if num_seqs == 0:
             return out
-        out["gemm"] = L * sum(self._gemm(num_tokens, k, n) for k, n in self._layer_gemms)
+        w = m.linear_weight_bytes_per_param
+        out["gemm"] = L * sum(self._gemm(num_tokens, k, n, w) for k, n in self._layer_gemms)
         out["lm_head"] = self._gemm(num_seqs, *self._lm_head)
         H, K, d = self.heads_per_gpu, self.kv_heads_per_gpu, m.head_dim
         if prefill:
@@ -224,7 +229,9 @@ class RooflineCostModel:
 
     def describe(self) -> str:
         m, hw = self.model, self.hardware
-        lines = [f"RooflineCostModel: {m.name} on {self.tp}x{hw.name} ({m.dtype_bytes}-byte weights and KV)",
+        weights = (f"{m.dtype_bytes}-byte weights and KV" if m.weight_dtype_bytes is None else
+                   f"{m.weight_dtype_bytes:g}-byte matmul weights, {m.dtype_bytes}-byte activations and KV")
+        lines = [f"RooflineCostModel: {m.name} on {self.tp}x{hw.name} ({weights})",
                  f"  model:    {m.describe()}",
                  f"  hardware: {hw.describe()}",
                  f"  weights/GPU {self.weight_bytes_per_gpu / 1e9:.2f} GB, KV/token/GPU "

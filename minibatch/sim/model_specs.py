@@ -14,11 +14,21 @@ Parameter count (Llama family: RMSNorm, SwiGLU MLP, no biases)::
     total      = L * per_layer + V * h * (1 if tied else 2) + h   # embeddings, LM head, final norm
 
 (Qwen2's q/k/v biases and Qwen3's q/k norms add < 0.01 % and are left out.)
+
+Weight-only quantization (W8A16 such as GPTQ/AWQ-int8, W4A16 such as AWQ/GPTQ-int4):
+``weight_dtype_bytes`` is the bytes per weight of the layers' matmuls (1 for int8 / fp8, 0.5 for
+int4, scales ignored); embeddings, the LM head and the norms keep ``dtype_bytes`` (vLLM's AWQ and
+GPTQ leave ``lm_head`` unquantized), and so do activations and the KV cache::
+
+    weight_bytes = L * linear * weight_dtype_bytes + (L * 2h + V*h*(1 if tied else 2) + h) * dtype_bytes
+
+``None`` (the default) means ``dtype_bytes``: an unquantized checkpoint.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -42,12 +52,17 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     dtype_bytes: int = 2
     max_model_len: int = 4096
+    weight_dtype_bytes: float | None = None   # the matmuls' weights, if quantized (see module doc)
 
     def __post_init__(self) -> None:
         for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
                       "intermediate_size", "vocab_size", "dtype_bytes", "max_model_len"):
             if getattr(self, field) < 1:
                 raise ValueError(f"ModelSpec {self.name!r}: {field} must be >= 1")
+        wb = self.weight_dtype_bytes
+        if wb is not None and not (isinstance(wb, (int, float)) and 0 < wb <= self.dtype_bytes):
+            raise ValueError(f"ModelSpec {self.name!r}: weight_dtype_bytes must be in (0, dtype_bytes="
+                             f"{self.dtype_bytes}], got {wb!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelSpec {self.name!r}: num_heads ({self.num_heads}) must be a "
                              f"multiple of num_kv_heads ({self.num_kv_heads})")
@@ -77,9 +92,18 @@ class ModelSpec:
         return self.num_layers * (self.layer_linear_params + 2 * h) + embed + h
 
     @property
+    def linear_weight_bytes_per_param(self) -> float:
+        """Bytes per weight of the layers' matmuls: ``weight_dtype_bytes``, else ``dtype_bytes``."""
+        return self.dtype_bytes if self.weight_dtype_bytes is None else self.weight_dtype_bytes
+
+    @property
     def weight_bytes(self) -> int:
-        """``num_params * dtype_bytes``."""
-        return self.num_params * self.dtype_bytes
+        """``num_params * dtype_bytes``; with quantized matmul weights, those count
+        ``weight_dtype_bytes`` each (module doc)."""
+        if self.weight_dtype_bytes is None:
+            return self.num_params * self.dtype_bytes
+        linear = self.num_layers * self.layer_linear_params
+        return math.ceil(linear * self.weight_dtype_bytes + (self.num_params - linear) * self.dtype_bytes)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -95,7 +119,8 @@ class ModelSpec:
     def describe(self) -> str:
         n = self.num_params
         size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
-        return (f"{self.name}: {size} params ({self.weight_bytes / 1e9:.2f} GB), "
+        quant = "" if self.weight_dtype_bytes is None else f", matmul weights {self.weight_dtype_bytes:g} B"
+        return (f"{self.name}: {size} params ({self.weight_bytes / 1e9:.2f} GB{quant}), "
                 f"L={self.num_layers} h={self.hidden_size} heads={self.num_heads}/{self.num_kv_heads} "
                 f"d={self.head_dim} i={self.intermediate_size} V={self.vocab_size}, "
                 f"KV {self.kv_bytes_per_token / 1024:.0f} KiB/token")
