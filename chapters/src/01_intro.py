@@ -198,6 +198,8 @@ speedup_tiny = paired_ratio("continuous", "serial")
 cont_vs_static = paired_ratio("continuous", "static")
 batch_ratio = s["continuous"]["mean_batch_size"] / s["static"]["mean_batch_size"]
 step_growth = t_step[8] / t_step[1]
+
+# %% tags=["check"]
 assert speedup_tiny > 1.5, "the prose says continuous batching beats serial by a few times"
 assert s["static"]["padding_waste"] > 0.3 and batch_ratio > 1.5, "the prose says static runs much smaller batches"
 assert cont_vs_static < batch_ratio, "the prose says the throughput gain is smaller than the batch-size gain"
@@ -325,6 +327,8 @@ plt.show()
 # %%
 s = sum7
 ratio7 = s["continuous"]["throughput_tok_s"] / s["serial"]["throughput_tok_s"]
+
+# %% tags=["check"]
 assert s["continuous"]["throughput_tok_s"] > 3000, "the prose says continuous batching reaches the seed's 3000+"
 assert s["serial"]["throughput_tok_s"] < 200 and s["serial"]["throughput_tok_s"] < bound_tok_s, \
     "the prose says serial stays below the seed's ~200 and below the bound"
@@ -547,6 +551,7 @@ def attainment_curve(kw):
     return pts
 
 
+# %%
 sweep = {name: attainment_curve(kw) for name, kw in sweep_cases.items()}
 caps = {name: capacity(pts, target=0.9) for name, pts in sweep.items()}
 fig, ax = plt.subplots(figsize=(7, 3.4), layout="constrained")
@@ -596,7 +601,7 @@ print("one H100, max_num_seqs=128, 30 QPS: " + "; ".join(
     f"seed {k}: SLO met {v['slo_attainment']:.0%}, TTFT mean {v['ttft_mean'] * 1e3:.0f} ms, "
     f"TPOT mean {v['tpot_mean'] * 1e3:.1f} ms" for k, v in h100.items()))
 
-# %%
+# %% tags=["check"]
 assert not feasible["4xA10, one TP=4 engine at 30 QPS"] and not feasible["4xA10 as two TP=2 replicas, 15 QPS each"], \
     "the prose says no schedule on 4xA10 keeps up with 30 QPS"
 assert all(pts[30] < 0.9 for pts in sweep.values()), "the prose says no swept configuration meets the SLO at 30 QPS"
@@ -709,17 +714,36 @@ print(f"200 requests in flight hold {kv_200:,} KV tokens; 4xA10 holds {cm13.kv_c
 #
 # 后续章节会经常用到 minibatch 的实时仪表盘（`minibatch.widgets.Dashboard`）：选择工作负载、执行器、模型与硬件，
 # 点击 Start 开始回放；运行中可以随时切换策略、调整 `max_num_seqs`、`max_wait_ms` 和到达率，图上会标出每次改动。
-# 下面构建一个模拟 LLaMA-7B/A100 的仪表盘，并用一个很短的回放（40 个请求，尽可能快）填充第一帧。自己动手时，
-# 把请求数调大、速度（speed）调小，边跑边改参数。
+# 下面构建一个模拟 LLaMA-7B/A100 的仪表盘；`preview()` 以最快速度回放开头的几十个请求，把结果画进图里，
+# 控件保持原来的设置。
 
 # %% tags=["nbval-ignore-output"]
 from minibatch.widgets import Dashboard
+from minibatch.widgets.controls import make_workload
 
-dash = Dashboard("chat", executor="sim", model="llama-2-7b", hardware="a100-80g", policy="continuous",
-                 num_requests=40, speed=0)
-dash.start()
-dash_result = dash.wait(timeout=60)
+dash = Dashboard("chat", executor="sim", model="llama-2-7b", hardware="a100-80g", policy="continuous", speed=5)
+dash_preview = dash.preview(num_requests=40)      # the picture: the first 40 requests, as fast as possible
 dash
+
+# %%
+start_workload = make_workload(dash.controls)     # what Start replays: the controls' settings
+start_span_s = max(r.arrival_time for r in start_workload)
+start_speed = dash.controls["speed"].value          # virtual seconds per wall second
+start_wall_s = start_span_s / start_speed
+preview_n = dash_preview.summary()["num_requests"]
+
+# %% tags=["check"]
+assert preview_n < len(start_workload), "the preview is the start of the workload"
+assert start_wall_s > 5, "the prose says Start's run lasts long enough to switch policy mid-run"
+
+# %% [markdown]
+# 上图是预览：开头 {{preview_n}} 个请求。点击 Start 则按控件的设置回放全部
+# {{len(start_workload)}} 个请求：它们在 {{start_span_s:.0f}} 秒的虚拟时间里陆续到达，速度（speed）为
+# {{start_speed:g}}× 时至少要 {{start_wall_s:.0f}} 秒墙钟时间才能跑完——足够在中途切换策略、拖动到达率，
+# 看曲线如何跟着变。把速度调成 `as fast as possible` 则一眨眼就跑完。
+#
+# 没有运行中的内核时（静态网页版的书、刚打开还没运行的 Notebook），这里显示的是仪表盘当时的一张静态图；
+# 在 JupyterLab 中运行这个单元格，就会得到可以操作的实时仪表盘。
 
 # %% [markdown]
 # ## 练习

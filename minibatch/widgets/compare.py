@@ -9,7 +9,7 @@ import ipywidgets as W
 
 from minibatch import viz
 from minibatch.widgets import controls as C
-from minibatch.widgets.dashboard import ErrorArea, Refresher, guarded
+from minibatch.widgets.dashboard import ErrorArea, Refresher, guarded, static_bundle
 from minibatch.widgets.live import LiveRun
 from minibatch.widgets.plot import COMPACT_PANELS, LivePlot
 
@@ -85,10 +85,10 @@ class Compare:
 
     def _ipython_display_(self):
         from IPython.display import display
-        display(self.widget)
+        display(self._repr_mimebundle_(), raw=True)
 
     def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+        return static_bundle(self.widget, [self.images[s].value for s in SIDES], "comparison", **kwargs)
 
     @property
     def errors(self) -> list[str]:

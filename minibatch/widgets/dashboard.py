@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import html
+import io
 import threading
 import time
 import traceback
@@ -14,6 +16,36 @@ import ipywidgets as W
 from minibatch.widgets import controls as C
 from minibatch.widgets.live import LiveRun
 from minibatch.widgets.plot import DASHBOARD_PANELS, LivePlot
+
+
+STATIC_HINT = ("[minibatch {what}: a picture of it as it was displayed. Run this cell in JupyterLab "
+               "(make course) to get the live dashboard.]")
+
+
+def static_bundle(widget, frames: list[bytes], what: str, **kwargs) -> dict:
+    """``widget``'s display bundle plus a still picture and a one-line hint.
+
+    A stored notebook shows a widget only where a kernel has made it: the book, GitHub and a
+    JupyterLab that has not run the cell (an untrusted notebook shows safe types only) fall
+    back to the bundle's other types, which for an ipywidget is ``VBox(children=...)`` text.
+    With ``image/png`` (``frames`` side by side: JPEG frames of :class:`LivePlot`) and a hint
+    as ``text/plain`` they show the dashboard's picture instead; a live kernel still renders
+    the widget view, the richest type.
+    """
+    from PIL import Image
+
+    imgs = [Image.open(io.BytesIO(f)).convert("RGB") for f in frames]
+    still = Image.new("RGB", (sum(i.width for i in imgs), max(i.height for i in imgs)), "white")
+    x = 0
+    for i in imgs:
+        still.paste(i, (x, 0))
+        x += i.width
+    buf = io.BytesIO()
+    still.save(buf, format="png", optimize=True)
+    bundle = dict(widget._repr_mimebundle_(**kwargs))
+    bundle["image/png"] = base64.b64encode(buf.getvalue()).decode("ascii")
+    bundle["text/plain"] = STATIC_HINT.format(what=what)
+    return bundle
 
 
 class ErrorArea:
@@ -88,7 +120,9 @@ class Dashboard:
     ``start()`` runs in a background thread; changing a live control (``policy``,
     ``request_rate``, ``max_num_seqs``, ``max_wait_ms``, ``max_num_batched_tokens``)
     reconfigures the engine at its next step and marks the plots; ``speed`` changes the
-    pace at once. ``pause()``/``resume()``, ``stop()``, ``reset()``, ``wait(timeout)``.
+    pace at once. ``pause()``/``resume()``, ``stop()``, ``reset()``, ``wait(timeout)``;
+    ``preview()`` fills the figure with a quick replay of the first requests. Displayed, it also
+    carries a still picture of its figure (:func:`static_bundle`) for viewers without a kernel.
     """
 
     def __init__(self, workload=None, *, speed=None, num_requests=None, request_rate=None,
@@ -138,10 +172,12 @@ class Dashboard:
 
     def _ipython_display_(self):
         from IPython.display import display
-        display(self.widget)
+        display(self._repr_mimebundle_(), raw=True)
 
     def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+        with self._render_lock:
+            frame = self.image.value
+        return static_bundle(self.widget, [frame], "dashboard", **kwargs)
 
     @property
     def errors(self) -> list[str]:
@@ -210,6 +246,19 @@ class Dashboard:
             self._render_failed = False
             # The refresher draws the first frame (a full draw, the slowest), then starts the run.
             self._refresher = Refresher(self._tick, self.fps, self.error_area.show)
+
+    def preview(self, num_requests: int = 40, timeout: float | None = 60.0):
+        """Replay the first ``num_requests`` requests of the current settings as fast as possible
+        and return the ``RunResult``, so that the figure shows a finished run; the controls keep
+        their values, so Start then runs the whole workload at the chosen ``speed``."""
+        c = self.controls
+        kept = c["num_requests"].value, c["speed"].value
+        c["num_requests"].value, c["speed"].value = min(num_requests, kept[0]), 0.0
+        try:
+            self.start()
+            return self.wait(timeout)
+        finally:
+            c["num_requests"].value, c["speed"].value = kept
 
     def toggle_pause(self) -> None:
         if self.live is None:
