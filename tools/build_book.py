@@ -11,7 +11,7 @@ Stages the sources into ``_build/book-src/`` and runs Sphinx with MyST-NB on the
   "coming" page of their stage, so the sidebar always shows all three stages.
 * ``chapters/*.ipynb`` and ``labs/*.ipynb`` as stored, with their outputs (nothing is
   executed); an interactive widget, which a static page cannot run, becomes a note that
-  says to open the chapter in JupyterLab.
+  says to open the chapter in JupyterLab, after the still picture of it that a dashboard stores.
 * ``labs/README.md`` (how labs are graded) and ``datasets/README.md`` (where the workloads
   and traces come from).
 
@@ -73,7 +73,8 @@ def index_page(chapters: dict[int, str], labs: dict[str, str]) -> tuple[str, dic
 
 
 def static_notebook(nb: dict) -> dict:
-    """``nb`` with each widget output replaced by a note (a static page cannot run a widget) and
+    """``nb`` with each widget output replaced by its still picture, if it has one, and a note (a
+    static page cannot run a widget), and
     the line breaks inside Chinese sentences of its Markdown cells removed."""
     nb = copy.deepcopy(nb)
     nb.get("metadata", {}).pop("widgets", None)
@@ -81,10 +82,18 @@ def static_notebook(nb: dict) -> dict:
         if cell["cell_type"] == "markdown":
             text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
             cell["source"] = join_cjk_lines(text)
-        for i, out in enumerate(cell.get("outputs", [])):
-            if WIDGET in out.get("data", {}):
-                cell["outputs"][i] = {"output_type": "display_data", "metadata": {},
-                                      "data": {"text/markdown": WIDGET_NOTE}}
+        outputs = []
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if WIDGET not in data:
+                outputs.append(out)
+                continue
+            if "image/png" in data:             # a dashboard's still picture (minibatch.widgets.static_bundle)
+                outputs.append({"output_type": "display_data", "metadata": {},
+                                "data": {"image/png": data["image/png"]}})
+            outputs.append({"output_type": "display_data", "metadata": {}, "data": {"text/markdown": WIDGET_NOTE}})
+        if "outputs" in cell:
+            cell["outputs"] = outputs
     return nb
 
 
