@@ -11,7 +11,9 @@ torch-free parts: the load generator, workloads, the tiny corpus) does not impor
 """
 
 import importlib
+import importlib.util
 import os
+import sys
 
 # OpenMP threads that spin while waiting make every torch op dozens of times slower as
 # soon as another busy process shares the cores (a notebook kernel beside a server, a
@@ -26,6 +28,53 @@ OMP_THREADS_SLEEP = (os.environ["OMP_WAIT_POLICY"].strip().upper() == "PASSIVE"
                      and os.environ.get("GOMP_SPINCOUNT", "0").strip() in ("0", ""))
 
 __version__ = "0.1.0"
+
+
+# -- A Python without the project's dependencies ---------------------------------------------------
+# `python -m minibatch ...` with a Python other than the project's .venv (the system one, from the
+# checkout) used to end in a traceback, "No module named 'torch'". The import itself needs none of
+# them (the load generator and workloads work without torch), so nothing fails here; when one is
+# missing, its import fails with a message that says what to run, and an uncaught one ends the
+# program with that message alone (exit status 1) instead of a traceback.
+REQUIRED = ("torch", "numpy", "transformers", "safetensors", "tokenizers")   # pyproject's dependencies
+
+
+def missing_dependency_message(name: str) -> str:
+    return (f"minibatch needs the Python package {name!r}, which this Python ({sys.executable}) does not have. "
+            "Use the project's virtual environment: run `make setup` once in the checkout, then "
+            "`.venv/bin/python -m minibatch ...` (or `source .venv/bin/activate` first).")
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class _MissingDependencyFinder:
+    """Last on ``sys.meta_path``: reached only for a module no other finder found."""
+
+    def __init__(self, names):
+        self.names = frozenset(names)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in self.names:
+            raise ModuleNotFoundError(missing_dependency_message(fullname), name=fullname)
+        return None
+
+
+def _excepthook(kind, value, tb, _previous=sys.excepthook):
+    if isinstance(value, ModuleNotFoundError) and value.name in REQUIRED:
+        print(f"error: {missing_dependency_message(value.name)}", file=sys.stderr)
+        return
+    _previous(kind, value, tb)
+
+
+_MISSING = [name for name in REQUIRED if not _importable(name)]
+if _MISSING:
+    sys.meta_path.append(_MissingDependencyFinder(_MISSING))
+    sys.excepthook = _excepthook
 
 # name -> module that defines it
 _EXPORTS = {

@@ -28,6 +28,8 @@ import copy
 import os
 import re
 import sys
+import tempfile
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -137,9 +139,21 @@ class _ThisPython(KernelSpecManager):
 
 
 class LabKernelManager(AsyncKernelManager):
+    """A kernel of this interpreter that talks over Unix sockets where there are any.
+
+    Over TCP (jupyter_client's default transport) ipykernel >= 7 warns on every start, "Kernel is
+    running over TCP without encryption" (ipykernel/kernelapp.py, init_sockets), which every
+    ``labs check`` printed. IPC sockets are files on this machine, not ports; their path is
+    absolute (the kernel runs in the notebook's folder, the client in the caller's) and short
+    (a Unix socket path has about 100 bytes), and jupyter_client removes them at shutdown.
+    """
+
     def __init__(self, **kwargs):
         kwargs.setdefault("kernel_spec_manager", _ThisPython())
         kwargs.setdefault("kernel_name", "python3")
+        if os.name == "posix":
+            kwargs.setdefault("transport", "ipc")
+            kwargs.setdefault("ip", os.path.join(tempfile.gettempdir(), f"minibatch-kernel-{uuid.uuid4().hex[:12]}"))
         super().__init__(**kwargs)
 
 
