@@ -39,6 +39,10 @@ for a new local Ray instance, or ``ray://host:port``), to Ray tasks: the same jo
 ``ray.remote`` instead of a process pool. Ray is optional and imported only then. Under
 ``method="bisect"`` configurations are searched ``processes`` at a time, each batch
 pruned against the best of the batches before it (so a few more runs than one by one).
+
+:func:`capacities` (``minibatch/tune/seeds.py``) measures each configuration's capacity on several seeds
+by bisection (median and spread, :class:`minibatch.results.CapacityEstimate`), each run the same number
+of seconds of traffic whatever the rate.
 """
 
 from __future__ import annotations
@@ -310,3 +314,6 @@ def _capacity_bisect(configs, kwargs, args, processes, ray_address):
         best = trials[0]
     return TuneResult(best.config, best, trials, pareto_front([t for t in trials if not t.pruned], "capacity"),
                       runs, len(configs) * len(rates), "capacity", "bisect", latency_metric)
+
+
+from minibatch.tune.seeds import SeededCapacity, capacities, verdict, workload_at  # noqa: E402  (uses parallel_map)
