@@ -11,9 +11,12 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # `make course`: where JupyterLab listens (PORT=9000; a taken port moves to the next free one;
 # HOST=0.0.0.0 on a remote machine). It passes --allow-root as root and opens no browser where
 # there is no display (see minibatch/labs/launch.py).
+# It serves WORKDIR, the learner's copies of the notebooks (made on the first start, never
+# overwritten; ignored by Git), so running a chapter leaves the tracked notebooks as they are.
 PORT ?= 8888
 HOST ?= 127.0.0.1
-COURSE = $(BIN)/python -m minibatch.labs course --host $(HOST) --port $(PORT)
+WORKDIR ?= workspace
+COURSE = $(BIN)/python -m minibatch.labs course --host $(HOST) --port $(PORT) --workdir $(WORKDIR)
 
 .PHONY: setup course open-course test book bench mutate clean
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from minibatch.labs import list_labs
-from minibatch.labs.course import (LAB_CHECK, LABS, STAGES, chapter_files, chapter_titles, lab_files,
+from minibatch.labs.course import (COMING, LAB_CHECK, LABS, STAGES, chapter_files, chapter_titles, lab_files,
                                    notebook_title, title_in_notebook)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,3 +78,11 @@ def test_landing_page_maps_the_whole_course_with_live_links_only():
     assert set(chapter_files().values()) <= linked and set(lab_files().values()) <= linked
     assert LAB_CHECK in text and "datasets/README.md" in linked and "labs/README.md" in linked
     assert "src/" not in "".join(linked)
+
+
+def test_nothing_is_announced_as_coming_once_every_notebook_exists():
+    assert len(chapter_files()) == len(chapter_titles()) and len(lab_files()) == len(LABS), \
+        "the course has all its chapters and labs"
+    for name in ("COURSE.md", "README.md"):
+        text = (ROOT / name).read_text(encoding="utf-8")
+        assert COMING not in text and "coming" not in text.lower(), f"{name} still announces something as coming"

@@ -3,7 +3,8 @@
 ``make course`` is ``setup`` and then ``$(COURSE)``; ``make open-course`` runs that same
 ``$(COURSE)`` without the setup step, so these tests run exactly the learner's command and
 install nothing. Headless (no ``$DISPLAY``), as root where the suite runs as root, on a free
-port: wait for the ready line, read chapter 01 through JupyterLab's contents API, open the
+port, with its working copy in a temporary folder: wait for the ready line, read chapter 01
+(the learner's copy) through JupyterLab's contents API, open the
 landing page and chapter 01 in headless Chromium (screenshots in ``artifacts/course/`` or
 ``$MINIBATCH_ARTIFACTS``), then press Ctrl-C (SIGINT to the process group, as a terminal
 does) and check that everything it started, kernels included, has exited.
@@ -73,7 +74,8 @@ def make_course(tmp_path: Path):
                JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), PYTHONUNBUFFERED="1")
     out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     # BIN: the interpreter running the tests (the Makefile's is .venv/bin, the same one under `make test`).
-    cmd = ["make", "--no-print-directory", "open-course", f"PORT={port}", f"BIN={Path(sys.executable).parent}"]
+    cmd = ["make", "--no-print-directory", "open-course", f"PORT={port}", f"BIN={Path(sys.executable).parent}",
+           f"WORKDIR={tmp_path / 'work'}"]
     with open(out_path, "w") as out, open(err_path, "w") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
@@ -136,6 +138,10 @@ def test_make_course_serves_the_course(tmp_path):
         outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
         assert any("image/png" in o.get("data", {}) for o in outputs), "chapter 01 has no stored figure"
         assert b"JupyterLab" in _get(base, f"/lab/tree/{LANDING}", token)
+        # It serves the learner's copies, not the checkout: running a chapter leaves chapters/ as it is.
+        served = {item["name"] for item in json.loads(_get(base, "/api/contents/", token))["content"]}
+        assert {"COURSE.md", "chapters", "labs"} <= served and "minibatch" not in served, served
+        assert (tmp_path / "work" / "chapters" / "01_intro.ipynb").exists()
 
 
 def test_make_course_in_a_browser(tmp_path):
@@ -181,7 +187,42 @@ def test_course_and_open_course_run_the_same_command():
     course, open_course = dry("course"), dry("open-course")
     assert open_course == course[-1:], (course, open_course)
     assert "-m minibatch.labs course" in open_course[0] and "--port 9999" in open_course[0]
-    assert "--host 127.0.0.1" in open_course[0]
+    assert "--host 127.0.0.1" in open_course[0] and "--workdir workspace" in open_course[0]
+
+
+def test_working_copy_is_made_once_and_never_overwritten(tmp_path):
+    from minibatch.labs.launch import notebooks, prepare_workspace
+
+    work = tmp_path / "work"
+    shipped = notebooks(ROOT)
+    assert len(shipped) == 40 and prepare_workspace(ROOT, work) == shipped       # 30 chapters, 10 labs
+    assert (work / LANDING).read_text(encoding="utf-8") == (ROOT / LANDING).read_text(encoding="utf-8")
+    mine = work / "chapters" / "05_continuous_batching.ipynb"
+    mine.write_text("{}", encoding="utf-8")                                    # the learner ran and saved it
+    (work / "labs" / "L03_continuous.ipynb").unlink()                          # or deleted one
+    (work / LANDING).write_text("old", encoding="utf-8")
+    assert prepare_workspace(ROOT, work) == ["labs/L03_continuous.ipynb"]      # only the missing one
+    assert mine.read_text(encoding="utf-8") == "{}"
+    assert (work / LANDING).read_text(encoding="utf-8") == (ROOT / LANDING).read_text(encoding="utf-8")
+    for rel in ("labs/README.md", "datasets/README.md"):                       # pages the landing page links
+        assert (work / rel).exists(), rel
+
+
+def test_reset_puts_one_notebook_back_and_keeps_the_learners(tmp_path):
+    from minibatch.labs.launch import prepare_workspace
+
+    work = tmp_path / "work"
+    prepare_workspace(ROOT, work)
+    mine = work / "chapters" / "05_continuous_batching.ipynb"
+    mine.write_text("{}", encoding="utf-8")
+    r = subprocess.run([sys.executable, "-m", "minibatch.labs", "reset", "5", "--workdir", str(work)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert mine.read_bytes() == (ROOT / "chapters" / "05_continuous_batching.ipynb").read_bytes()
+    assert (work / "chapters" / "05_continuous_batching.ipynb.bak").read_text(encoding="utf-8") == "{}"
+    bad = subprocess.run([sys.executable, "-m", "minibatch.labs", "reset", "L99", "--workdir", str(work)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no chapter or lab notebook 'L99'" in bad.stderr
 
 
 @pytest.mark.parametrize("root,display,allow_root,no_browser", [

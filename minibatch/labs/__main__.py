@@ -6,6 +6,8 @@
     solve LAB --out PATH          write the reference-solved notebook (for teachers)
     course [--port N] [--host H]  open the course in JupyterLab (what `make course` runs;
                                   see minibatch.labs.launch)
+    reset NN|LNN [--workdir DIR]  put one notebook of your working copy (workspace/) back as
+                                  shipped; yours is kept as *.ipynb.bak
 """
 
 from __future__ import annotations
@@ -66,6 +68,18 @@ def _cmd_solve(args) -> int:
     return 0
 
 
+def _cmd_reset(args) -> int:
+    from pathlib import Path
+
+    from minibatch.labs.launch import WORKDIR, course_root, reset_notebook
+
+    root = course_root(None)
+    work = Path(args.workdir) if args.workdir else root / WORKDIR
+    dest, backup = reset_notebook(root, work, args.notebook)
+    print(f"restored {dest}" + (f" (your copy: {backup})" if backup else ""))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["course"]:                   # its own parser: python -m minibatch.labs course --help
@@ -91,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--execute", action="store_true", help="run the reference now instead of copying the key")
     s.add_argument("--timeout", type=int, default=300)
     s.set_defaults(fn=_cmd_solve)
+    r = sub.add_parser("reset", help="put one notebook of your working copy back as shipped")
+    r.add_argument("notebook", help="chapter number (05) or lab id (L03)")
+    r.add_argument("--workdir", help="your working copy (default: workspace/ in the checkout)")
+    r.set_defaults(fn=_cmd_reset)
     sub.add_parser("course", help="open the course in JupyterLab (what `make course` runs)")
     args = p.parse_args(argv)
     try:

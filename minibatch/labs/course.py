@@ -27,6 +27,7 @@ class Stage:
     title: str          # "第一阶段 · 基础原理篇"
     question: str       # the kind of question the stage answers
     chapters: tuple[tuple[int, str], ...]   # (number, title)
+    note: str = ""      # a paragraph under the stage's table on the landing page
 
     @property
     def span(self) -> str:
@@ -64,7 +65,10 @@ STAGES = (
         (18, "采样、停止条件与流式输出"),
         (19, "参数调优：在 SLA 下寻找帕累托前沿"),
         (20, "框架横评：同一负载下的四种风格"),
-    )),
+    ), note=("关于 TGI：Hugging Face 的 text-generation-inference 已进入维护模式（Maintenance Mode）——"
+             "它的 README 开头的 CAUTION 写道 “text-generation-inference is now in maintenance mode”"
+             "（2025-12-11，commit `55f7f7cb`，PR #3344）：今后只接受小的修复与文档改进，并推荐改用 vLLM、SGLang。"
+             "第 16 章仍读它的路由器：它按 Token 预算（`max_batch_prefill_tokens`、`max_batch_total_tokens`）组批，是理解批处理预算的又一种思路。")),
     Stage("第三阶段 · 生产进阶篇", "大规模生产环境的全局优化", (
         (21, "长尾请求与队头阻塞"),
         (22, "优先级调度、QoS 与优先级反转"),
@@ -92,7 +96,7 @@ LABS = (
     LabEntry("L10", "多副本路由器（Router）", (26,)),
 )
 
-LAB_CHECK = "python -m minibatch.labs check L01 labs/L01_metrics.ipynb"
+LAB_CHECK = "python -m minibatch.labs check L01 workspace/labs/L01_metrics.ipynb"
 
 
 def chapter_titles() -> dict[int, str]:
@@ -164,21 +168,28 @@ def landing_cells(root: Path = ROOT) -> list[str]:
     ``root``. Chinese paragraphs are single lines: a line break inside one renders as a space."""
     chapters, labs = chapter_files(root), lab_files(root)
     first = chapters.get(1, "chapters/")
+    complete = len(chapters) == len(chapter_titles()) and len(labs) == len(LABS)
+    written = "" if complete else f"目前已写成 {len(chapters)} 章、{len(labs)} 个实验，其余标为“{COMING}”。"
     intro = "\n\n".join([
         "# minibatch：LLM 推理服务中的动态批处理（Dynamic Batching）",
         f"欢迎！这是课程的首页与课程地图。全课 {len(chapter_titles())} 章分三个阶段，另有 {len(LABS)} 个实验（Labs）；"
-        f"目前已写成 {len(chapters)} 章、{len(labs)} 个实验，其余标为“{COMING}”。每一章都是一个 Jupyter Notebook："
+        f"{written}每一章都是一个 Jupyter Notebook："
         "讲解用简体中文，关键术语附英文，代码用英文；所有实验都由同一个紧凑的推理引擎 **minibatch** 驱动——"
         "在 CPU 上跑真实的小模型 `tiny`，或在模拟器里让 LLaMA-7B/13B/70B “跑”在 A10、A100、H100 上。",
         f"**怎么读。** 从 [第 1 章]({first}) 开始。打开的 Notebook 已保存了全部输出（图、表、数字），可以先读；"
-        "再从上到下运行（菜单 *Run ▸ Run All Cells*），每章在 2 核 CPU 上约一分钟，结果应当与保存的一致。"
+        "再从上到下运行（菜单 *Run ▸ Run All Cells*），结果应当与保存的一致（墙钟时间的数字除外）。"
         "内核（Kernel）选默认的 *Python 3*，它就是 `.venv` 里的解释器，`import minibatch` 直接可用。"
         "想离线通读全书，在终端运行 `make book`，它生成静态网页版 `_build/book/index.html`。",
+        "**你的工作副本。** 运行一个 Notebook 会把输出写进它自己，所以 `make course` 打开的是你的工作副本 `workspace/`"
+        "（在仓库根目录，不进 Git）：第一次启动时从 `chapters/` 与 `labs/` 复制全部 Notebook，之后的启动从不覆盖它们"
+        "（课程新增的 Notebook 会补进来）。你可以随意运行、修改；仓库里的原件保持不变，`git pull` 也不会与你的改动冲突。"
+        "想让某一章恢复原样，在终端（仓库根目录）运行 `.venv/bin/python -m minibatch.labs reset 05`"
+        "（实验用 `reset L03`），你的旧副本另存为同名的 `.ipynb.bak`。",
     ])
     cells = [intro]
     for stage in STAGES:
         cells.append(f"## {stage.title}（{stage.span}）\n\n解决的问题：{stage.question}。\n\n"
-                     + stage_table(stage, chapters, labs))
+                     + stage_table(stage, chapters, labs) + (f"\n\n{stage.note}" if stage.note else ""))
     cells.append("\n\n".join([
         "## 实验（Labs）",
         "每个实验是一个带任务单元格（`task:N` 标签）的 Notebook：把其中的 `raise NotImplementedError(...)` "
@@ -186,8 +197,8 @@ def landing_cells(root: Path = ROOT) -> list[str]:
         labs_table(chapters, labs),
         "**怎么评分（Lab Check）。** 做完后在终端（仓库根目录）运行，例如：",
         f"```bash\n.venv/bin/{LAB_CHECK}\n```",
-        "每个任务打印 ✓ 或 ✗ 及失败原因；全部通过时退出码为 0。建议先把 Notebook 复制到 `labs/work/`（不进 Git）"
-        "再做，评分时把路径换成你的副本。`python -m minibatch.labs list` 列出全部实验与任务；"
+        "每个任务打印 ✓ 或 ✗ 及失败原因；全部通过时退出码为 0。路径是你在 `workspace/` 里的副本（`make course` "
+        "打开的那一份）。`.venv/bin/python -m minibatch.labs list` 列出全部实验与任务；"
         "评分规则详见 [实验指南](labs/README.md)。",
     ]))
     cells.append("\n".join([
@@ -203,7 +214,7 @@ def landing_cells(root: Path = ROOT) -> list[str]:
         "[datasets/traces/SOURCES.md](datasets/traces/SOURCES.md)；用 `load_shipped_trace(\"azure_conv\")` 读入。"
         "拟合方法与“生成 vs 公开”的对照表见 [数据说明](datasets/README.md)。",
         "- **模型**：默认模型 `tiny`（约 400 万参数的 Llama 结构）随包内置，训练语料由程序生成"
-        "（`python -m minibatch.tiny.train`），无需从网上下载任何权重。",
+        "（`.venv/bin/python -m minibatch.tiny.train`），无需从网上下载任何权重。",
     ]))
     return cells
 

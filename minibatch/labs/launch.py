@@ -2,8 +2,14 @@
 
     python -m minibatch.labs course [--host 127.0.0.1] [--port 8888] [--browser auto|yes|no]
 
-JupyterLab serves the checkout (``--ServerApp.root_dir``) and opens the landing page,
-``COURSE.md``, first, as a rendered page: ``tools/jupyterlab/overrides.json`` (the app
+JupyterLab serves the learner's working copy of the course, ``workspace/`` in the checkout
+(``--workdir``; ignored by Git), and opens its landing page, ``COURSE.md``, first, as a
+rendered page. Running a notebook writes its outputs into the notebook, so the learner works on
+copies: the first start copies every chapter and lab notebook there, and no later start
+overwrites one (a notebook added to the course since is copied in); the landing page and the
+reference pages are refreshed every time. The tracked notebooks stay as they are, so
+``git pull`` never meets a learner's edits; ``python -m minibatch.labs reset 05`` (or ``L03``)
+puts one notebook back as shipped.  ``tools/jupyterlab/overrides.json`` (the app
 settings directory JupyterLab is given) makes Markdown files open in the Markdown preview
 and answers "never" to JupyterLab's offer of a news feed and update check (both would reach
 the internet). A learner's own settings still win. The same command works for every learner:
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,6 +42,9 @@ from pathlib import Path
 
 LANDING = "COURSE.md"
 SETTINGS = Path("tools") / "jupyterlab"           # overrides.json, relative to the checkout
+WORKDIR = "workspace"                             # the learner's copies, relative to the checkout
+# Read-only pages the landing page links to: copied afresh at every start.
+REFERENCE_PAGES = ("labs/README.md", "datasets/README.md", "datasets/traces/SOURCES.md", "docs/glossary.md")
 READY = "The minibatch course is ready. Open this URL in a browser:"
 PORT_TRIES = 50
 
@@ -73,10 +83,55 @@ def course_root(root: str | None) -> Path:
     raise SystemExit(f"error: no {LANDING} in {', '.join(map(str, candidates))}; run this from the checkout")
 
 
-def jupyter_command(root: Path, host: str, port: int, browser: bool) -> list[str]:
+def notebooks(root: Path) -> list[str]:
+    """The course's notebooks, relative to the checkout: chapters and the labs' learner versions."""
+    found = sorted((root / "chapters").glob("[0-9][0-9]_*.ipynb")) + sorted((root / "labs").glob("L[0-9][0-9]_*.ipynb"))
+    return [p.relative_to(root).as_posix() for p in found]
+
+
+def prepare_workspace(root: Path, work: Path) -> list[str]:
+    """Fill ``work`` with the learner's copies; return the notebooks copied now.
+
+    A notebook is copied only when ``work`` has none of that name: a learner's copy is never
+    overwritten. The landing page and the reference pages are copied every time."""
+    copied = []
+    for rel in notebooks(root):
+        dest = work / rel
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / rel, dest)
+            copied.append(rel)
+    for rel in (LANDING, *REFERENCE_PAGES):
+        if (root / rel).exists():
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / rel, work / rel)
+    return copied
+
+
+def reset_notebook(root: Path, work: Path, name: str) -> tuple[Path, Path | None]:
+    """Put notebook ``name`` (``05``, ``5``, ``L03``) in ``work`` back as shipped; the learner's copy
+    is kept beside it as ``*.ipynb.bak``. Returns ``(notebook, backup or None)``."""
+    key = name.strip().upper()
+    key = f"{int(key):02d}" if key.isdigit() else key
+    matches = [rel for rel in notebooks(root) if Path(rel).name.upper().startswith(key + "_")]
+    if not matches:
+        raise FileNotFoundError(f"no chapter or lab notebook {name!r} in {root}")
+    dest = work / matches[0]
+    backup = None
+    if dest.exists():
+        backup = dest.with_name(dest.name + ".bak")
+        shutil.copyfile(dest, backup)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(root / matches[0], dest)
+    return dest, backup
+
+
+def jupyter_command(root: Path, host: str, port: int, browser: bool, settings: Path | None = None) -> list[str]:
+    """JupyterLab serving ``root``; ``settings``: the app settings folder (the checkout's by default)."""
+    settings = settings or Path(__file__).resolve().parents[2] / SETTINGS
     cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root}", f"--ServerApp.ip={host}",
            f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-           f"--LabApp.default_url=/lab/tree/{LANDING}", f"--LabApp.app_settings_dir={root / SETTINGS}"]
+           f"--LabApp.default_url=/lab/tree/{LANDING}", f"--LabApp.app_settings_dir={settings}"]
     if not browser:
         cmd.append("--no-browser")
     if is_root():
@@ -106,11 +161,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=8888, help="port (the next free one if taken)")
     ap.add_argument("--browser", choices=("auto", "yes", "no"), default="auto",
                     help="open a browser: auto = only where there is a display")
-    ap.add_argument("--root", help="the folder to serve (default: the checkout)")
+    ap.add_argument("--root", help="the checkout (default: this one)")
+    ap.add_argument("--workdir", help=f"the learner's copies (default: {WORKDIR}/ in the checkout)")
     ap.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for JupyterLab to answer")
     args = ap.parse_args(argv)
 
     root = course_root(args.root)
+    work = (Path(args.workdir) if args.workdir else root / WORKDIR).resolve()
+    first = not work.exists()
+    copied = prepare_workspace(root, work)
+    if copied:
+        print(f"{'made your working copy of the course' if first else 'copied new notebooks'} in {work} "
+              f"({len(copied)} notebooks; later starts never overwrite them)", flush=True)
     port = free_port(args.host, args.port)
     if port != args.port:
         print(f"port {args.port} is in use; using {port}", flush=True)
@@ -123,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # JupyterLab runs in a session of its own so that it gets one signal, from here: a Ctrl-C
     # that reached it too would be a second one during its shutdown, and could leave kernels.
-    proc = subprocess.Popen(jupyter_command(root, args.host, port, browser), cwd=root, env=env,
+    proc = subprocess.Popen(jupyter_command(work, args.host, port, browser, root / SETTINGS), cwd=work, env=env,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     stops: list[float] = []
 
