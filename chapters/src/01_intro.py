@@ -65,7 +65,7 @@
 # **实验引擎 minibatch。** 课程的所有实验都由同一个紧凑但完整的推理引擎驱动：请求队列、可切换策略的调度器、
 # 分页 KV Cache、真实的 Llama 结构模型、Triton Kernel、OpenAI 兼容服务与压测客户端。它有两种执行器（Executor）：
 #
-# - `executor="model"`：在 CPU 上真正运行内置的小模型 `tiny`（4 层、隐藏维 256），算出的每个 Token 都是真的；
+# - `executor="model"`：在 CPU 上真正运行内置的小模型 `tiny`（几百万参数的 Llama 结构），算出的每个 Token 都是真的；
 # - `executor="sim"`：不跑模型，由代价模型（Cost Model）按 Roofline 给出每一步的耗时，让 LLaMA-7B/13B/70B
 #   “跑”在 A10、A100、H100 等 GPU 上。调度器与 KV 管理器是同一份代码，思路同 Vidur（Agrawal et al., MLSys'24）。
 #
@@ -145,14 +145,21 @@ print(inspect.getsource(type(make_policy("continuous")).schedule_order))
 #
 # ### 实验 1：真实小模型上的四种批处理
 #
-# 我们在 CPU 上运行内置的 `tiny` 模型，让同一组 48 个请求（同时到达，提示 8–24 个 Token，输出长度偏斜：多数二三十个
-# Token、少数上百个）分别用四种策略处理，批大小上限 `max_num_seqs=8`，动态批处理的窗口 `max_wait_ms=50`。所有请求一开始
+# 我们在 CPU 上运行内置的 `tiny` 模型，先造出一组同时到达、输出长度偏斜的请求：
+
+# %%
+tiny_wl = synthetic(48, rate=float("inf"), input_len=uniform(8, 24),
+                    output_len=lognormal(median=24, sigma=1.0, max=128), seed=1)
+tw = tiny_wl.stats()
+
+# %% [markdown]
+# 这 {{tw['n']}} 个请求的提示有 {{min(tiny_wl.prompt_lens)}}–{{max(tiny_wl.prompt_lens)}} 个 Token；输出长度的中位数
+# {{tw['output_p50']:.0f}}、最长 {{tw['output_max']:.0f}}，少数请求比多数长得多。它们分别用四种策略处理，
+# 批大小上限 `max_num_seqs=8`，动态批处理的窗口 `max_wait_ms=50`。所有请求一开始
 # 就在队列里，批处理策略的批始终能装满，比较的是**满负荷**下的吞吐。时间是虚拟时钟：每一步前进的是**实测**的前向耗时，
 # 所以结果会随机器负载浮动（下面的单元格因此不做输出比对）；四种策略轮流跑几轮，比较同一轮里的比值，取中位数。
 
 # %% tags=["nbval-ignore-output"]
-tiny_wl = synthetic(48, rate=float("inf"), input_len=uniform(8, 24),
-                    output_len=lognormal(median=24, sigma=1.0, max=128), seed=1)
 POLICIES, ROUNDS = ["serial", "static", "dynamic", "continuous"], 5
 rounds = {p: [] for p in POLICIES}
 for _ in range(ROUNDS):              # the policies take turns, so a burst of other load hits all of them alike
@@ -276,20 +283,27 @@ print(f"cost model, batch 1: {t1 * 1e3:.2f} ms/step -> {1 / t1:.0f} tokens/s "
 # 高于它，只有在量化权重（如 INT8/INT4，读的字节更少）、投机解码（Speculative Decoding）或把 Prompt Token 也算进吞吐时
 # 才可能出现。
 #
-# 接下来在模拟器里回放一个负载：400 个请求以 50 req/s 到达（远超单卡处理能力，队列始终有活），输入长度取对数正态、
-# 均值按 vLLM 论文（Kwon et al., SOSP'23）报告的 ShareGPT 平均输入 161 Token 设定，输出长度中位数 256。
-# 串行的吞吐与请求数无关（每个请求都独占 GPU），为省时间只回放前 20 个请求；其余三种策略的批大小上限都是 256，
-# 动态批处理的窗口是 200 ms。批处理策略的吞吐取**满负荷**阶段的值：只数队列里还有请求在等的那段时间里产出的 Token，
-# 不让最后队列排空、批越来越小的收尾阶段拉低它。
+# 接下来在模拟器里回放一个远超单卡处理能力的负载（队列始终有活），输入长度取对数正态、均值按 vLLM 论文
+# （Kwon et al., SOSP'23）报告的 ShareGPT 平均输入 161 Token 设定：
 
-# %% tags=["nbval-check-output"]
+# %%
 wl7 = synthetic(400, rate=50.0, input_len=lognormal(median=128, mean=161, max=1024),
                 output_len=lognormal(median=256, sigma=0.5, max=768), seed=7)
+w7 = wl7.stats()
+SERIAL_N, MAX_SEQS7, WAIT7_MS = 20, 256, 200     # requests replayed serially; batch limit; dynamic's window
+
+# %% [markdown]
+# {{w7['n']}} 个请求以约 {{w7['rate']:.0f}} req/s 到达，输入长度均值 {{w7['input_mean']:.0f}} Token，输出长度中位数
+# {{w7['output_p50']:.0f}}。串行的吞吐与请求数无关（每个请求都独占 GPU），为省时间只回放前 {{SERIAL_N}} 个请求；
+# 其余三种策略的批大小上限都是 {{MAX_SEQS7}}，动态批处理的窗口是 {{WAIT7_MS}} ms。批处理策略的吞吐取**满负荷**阶段的值：
+# 只数队列里还有请求在等的那段时间里产出的 Token，不让最后队列排空、批越来越小的收尾阶段拉低它。
+
+# %% tags=["nbval-check-output"]
 sim7 = dict(executor="sim", model="llama-2-7b", hardware="a100-80g")
-runs7 = {"serial": run(wl7[:20], policy="serial", **sim7),
-         "static": run(wl7, policy="static", max_num_seqs=256, **sim7),
-         "dynamic": run(wl7, policy="dynamic", max_num_seqs=256, max_wait_ms=200, **sim7),
-         "continuous": run(wl7, policy="continuous", max_num_seqs=256, **sim7)}
+runs7 = {"serial": run(wl7[:SERIAL_N], policy="serial", **sim7),
+         "static": run(wl7, policy="static", max_num_seqs=MAX_SEQS7, **sim7),
+         "dynamic": run(wl7, policy="dynamic", max_num_seqs=MAX_SEQS7, max_wait_ms=WAIT7_MS, **sim7),
+         "continuous": run(wl7, policy="continuous", max_num_seqs=MAX_SEQS7, **sim7)}
 
 
 def saturated_tok_s(r):
@@ -421,7 +435,7 @@ print(f"KV capacity at gpu_memory_utilization=0.9: {cap:,} tokens = {cap // 2048
 # --max-wait 30ms`；压测后把 `max-num-seqs` 提到 16、`max-wait` 降到 20 ms。
 #
 # **我们的复盘设定。** 13B 的 fp16 权重放不进一张 A10，所以 4 张卡按张量并行（Tensor Parallelism, TP=4）组成一个引擎
-# （模拟器里写作 `hardware="4xa10"`）。Prompt 取 150–250 Token 均匀分布（平均 200）。种子章节没给输出长度，
+# （模拟器里写作 `hardware="4xa10"`）。Prompt 长度取均匀分布，均值为种子章节的“平均约 200 Token”。种子章节没给输出长度，
 # 我们用它自己的“串行时每个请求约 1.5 s”反推：1.5 s 减去一次 200 Token 的 Prefill，再除以单步解码时间。
 
 # %% tags=["nbval-check-output"]
@@ -513,30 +527,36 @@ assert ref["tpot_mean"] > SLO["tpot"], "the prose says the unbounded batch misse
 # 没有稳态可言。参照行把批放开到 256，每一步要解码约 {{ref['mean_batch_size']:.0f}} 个序列，TPOT 均值
 # {{ref['tpot_mean'] * 1e3:.0f}} ms，超过 50 ms 的 SLO。
 #
-# 那么每种配置到底能扛多少 QPS？在不同到达率下回放，这一次按稳态测：每个点回放 60 s 的泊松流量（至少 400 个请求），去掉到达时间
-# 跨度最前与最后 20% 里到达的请求（预热与收尾，`RunResult.summary(trim=0.2)`）；达标的点再用第二个随机种子复核，取较差的那个；
-# 达成率跌破 50% 之后的点不再测（过载时越跑越差，只会更低），30 QPS 除外。**服务容量**取“SLO 达成率 ≥ 90% 的最高到达率”
+# 那么每种配置到底能扛多少 QPS？在不同到达率下回放，这一次按稳态测：
+
+# %%
+RATES = [2, 4, 8, 12, 14, 16, 18, 20, 30]
+SWEEP_S, MIN_REQUESTS = 60.0, 400     # seconds of Poisson traffic per point, and at least this many requests
+TRIM, TARGET, GIVE_UP = 0.2, 0.9, 0.5  # warm-up/drain trimmed; capacity's attainment; below this, stop climbing
+SEEDS = [3, 4]
+
+# %% [markdown]
+# 每个点回放 {{SWEEP_S:.0f}} s 的泊松流量（至少 {{MIN_REQUESTS}} 个请求），去掉到达时间
+# 跨度最前与最后 {{TRIM:.0%}} 里到达的请求（预热与收尾，`RunResult.summary(trim={{TRIM}})`）；达标的点再用第二个随机种子复核，取较差的那个；
+# 达成率跌破 {{GIVE_UP:.0%}} 之后的点不再测（过载时越跑越差，只会更低），{{RATES[-1]}} QPS 除外。**服务容量**取“SLO 达成率 ≥ {{TARGET:.0%}} 的最高到达率”
 # （DistServe, OSDI'24 的口径）。回放要够长：到达率只比服务能力高一点时，队列要十几秒才积起来，回放太短会把容量测高
 # （第 30 章 30.3 节）。到达率一直扫到种子章节的 30 QPS。
 
 # %%
-RATES = [2, 4, 8, 12, 14, 16, 18, 20, 30]
-SWEEP_S = 60.0                    # seconds of traffic per point (at least 400 requests)
-SEEDS = [3, 4]
 sweep_cases = {"continuous 8/4096": dict(policy="continuous", **cfg_a),
                "continuous 16/4096": dict(policy="continuous", **cfg_b),
                "continuous 64/4096": dict(policy="continuous", max_num_seqs=64, max_num_batched_tokens=4096)}
 
 
 def rag_stream(rate, seed, n=None):
-    return synthetic(n or max(400, int(rate * SWEEP_S)), rate=rate, input_len=uniform(150, 250),
+    return synthetic(n or max(MIN_REQUESTS, int(rate * SWEEP_S)), rate=rate, input_len=uniform(150, 250),
                      output_len=uniform(out_mean // 2, out_mean * 3 // 2), seed=seed)
 
 
 def attainment(rate, seed=SEEDS[0], hardware="4xa10", **kw):
     """Steady-state SLO attainment (per request) at ``rate``, warm-up and drain dropped."""
     r = run(rag_stream(rate, seed), executor="sim", model="llama-2-13b", hardware=hardware, **kw)
-    return r.summary(slo=SLO, trim=0.2)["slo_attainment"]
+    return r.summary(slo=SLO, trim=TRIM)["slo_attainment"]
 
 
 def attainment_curve(kw):
@@ -544,16 +564,16 @@ def attainment_curve(kw):
     rate falls below 50%, higher rates are skipped except the last (30 QPS)."""
     pts = {}
     for q in RATES:
-        if q != RATES[-1] and pts and min(pts.values()) < 0.5:
+        if q != RATES[-1] and pts and min(pts.values()) < GIVE_UP:
             continue
         a = attainment(q, **kw)
-        pts[q] = min(a, attainment(q, SEEDS[1], **kw)) if a >= 0.9 else a
+        pts[q] = min(a, attainment(q, SEEDS[1], **kw)) if a >= TARGET else a
     return pts
 
 
 # %%
 sweep = {name: attainment_curve(kw) for name, kw in sweep_cases.items()}
-caps = {name: capacity(pts, target=0.9) for name, pts in sweep.items()}
+caps = {name: capacity(pts, target=TARGET) for name, pts in sweep.items()}
 fig, ax = plt.subplots(figsize=(7, 3.4), layout="constrained")
 for name, pts in sweep.items():
     ax.plot(list(pts), [a * 100 for a in pts.values()], marker="o", label=f"{name} (capacity {caps[name]} QPS)")
@@ -573,8 +593,8 @@ print("attainment at 30 QPS:", {name: f"{pts[30]:.0%}" for name, pts in sweep.it
 # 稳态下这一步里至少要完成这段时间内到达的工作：$30t$ 个请求的 Prefill（每个约 200 Token），以及正在解码的
 # $30 \cdot \bar{N} \cdot t$ 个序列各一个 Token（Little 定律，$\bar{N}$ 是平均输出长度）。把这些工作全塞进同一步是最省的做法
 # （权重只读一遍、固定开销只付一次）。如果对任何 $t$，代价模型给出的这一步耗时都大于 $t$，那么无论怎样调度，
-# 每一步都追不上到达的工作，队列必然增长。下面对 $t$ 从 5 ms 到 2 s 逐一检查，并对“同样 4 张卡拆成两个 TP=2 副本、
-# 各承担 15 QPS”也做同样的检查：
+# 每一步都追不上到达的工作，队列必然增长。下面在从几毫秒到几秒的网格上逐一检查 $t$，并对“同样 4 张卡拆成两个 TP=2 副本、
+# 各承担一半流量”也做同样的检查：
 
 # %% tags=["nbval-check-output"]
 def keeps_up(cm, rate, prompt=200, out=out_mean):
@@ -596,7 +616,7 @@ feasible = {name: keeps_up(cm, rate) for name, (cm, rate) in layouts.items()}
 for name, ok in feasible.items():
     print(f"{name:<42} " + (f"keeps up with steps of {min(ok) * 1e3:.0f} ms or longer" if ok else "never keeps up"))
 h100 = {seed: run(rag_stream(30, seed), executor="sim", model="llama-2-13b", hardware="h100",
-                  max_num_seqs=128, max_num_batched_tokens=4096).summary(slo=SLO, trim=0.2) for seed in SEEDS}
+                  max_num_seqs=128, max_num_batched_tokens=4096).summary(slo=SLO, trim=TRIM) for seed in SEEDS}
 print("one H100, max_num_seqs=128, 30 QPS: " + "; ".join(
     f"seed {k}: SLO met {v['slo_attainment']:.0%}, TTFT mean {v['ttft_mean'] * 1e3:.0f} ms, "
     f"TPOT mean {v['tpot_mean'] * 1e3:.1f} ms" for k, v in h100.items()))
@@ -615,7 +635,7 @@ assert all(v["slo_attainment"] >= 0.9 for v in h100.values()), "the prose says o
 # TP=2 的副本，都不存在一个步长能装下这段时间里到达的工作（TP=4 时，每层两次跨 PCIe 的 All-Reduce 占了一步的很大一块，
 # 见第 2 章的耗时分解）。扫描到的最好配置的服务容量是 {{max(c for c in caps.values() if c is not None)}} QPS，再高一级就远远不达标：
 # 容量附近，达成率对到达率与随机种子都很敏感（第 30 章 30.3 节用三个种子、1 QPS 的步长复核同一个副本）。
-# 换一张 H100，`max_num_seqs=128`，30 QPS 下两个种子的 SLO 达成率都不低于 90%（上一格）。要留在 A10 上，就只能加卡
+# 换一张 H100，`max_num_seqs=128`，30 QPS 下两个种子的 SLO 达成率都不低于 {{TARGET:.0%}}（上一格）。要留在 A10 上，就只能加卡
 # （多副本，第 26 章）、缩短输出，或接受更宽松的 SLO。
 #
 # **模拟与种子章节的数字为什么对不上？** 下面这个单元格把几处分歧逐条算出来，最后两行检查种子章节的“200 并发用户”
@@ -702,7 +722,7 @@ print(f"200 requests in flight hold {kv_200:,} KV tokens; 4xA10 holds {cm13.kv_c
 # - 单请求解码速度有物理上限：权重字节数 ÷ 显存带宽。串行解码把带宽花在重复读权重上、让算力闲置；任何“串行吞吐”的说法都应先用
 #   这个上限检验。
 # - 批处理的代价是 TPOT 变长、调度变复杂；挑战集中在延迟—吞吐权衡、KV Cache 显存管理、长尾与队头阻塞、全局调度四个方面。
-# - 案例复盘表明：先区分**计算问题**与**排队问题**，在稳态下测容量（SLO 达成率 ≥ 90% 的最高到达率），并写明 SLO 是对均值还是
+# - 案例复盘表明：先区分**计算问题**与**排队问题**，在稳态下测容量（SLO 达成率 ≥ {{TARGET:.0%}} 的最高到达率），并写明 SLO 是对均值还是
 #   对每个请求。到达率超过服务能力时，任何参数都救不了 TTFT：在模拟器里 4×A10 扛不住 30 QPS，一张 H100 可以。
 # - 不同框架里“等待窗口”的含义不同：vLLM 没有 `--max-wait`；Triton 的 `max_queue_delay_microseconds` 是微秒级窗口；
 #   TGI 的 `max_waiting_tokens` 数的是解码步数；minibatch 的 `max_wait_ms` 只被 `dynamic` 策略使用。
