@@ -2,7 +2,7 @@
 # One GPU session's checks (~8 minutes at most), each step guarded so that one failing
 # step does not stop the others:
 #   1. pytest -m gpu               (compiled kernels in bf16/fp16, and any other GPU test)
-#   2. pytest tests/kernels        (the float32 kernel tests, compiled on the GPU this time)
+#   2. pytest tests/kernel_tests        (the float32 kernel tests, compiled on the GPU this time)
 #   3. benchmarks/kernels.py       (paged decode attention bandwidth)
 #   4. benchmarks/offline_throughput.py --device cuda --model-shape qwen3-0.6b --dtype bfloat16
 # Needs only torch, triton and transformers (no network): the package is installed
@@ -42,7 +42,7 @@ step pytest_gpu        150 $PY -m pytest -m gpu tests -q -rs -p no:cacheprovider
 step kernels_bench     150 $PY benchmarks/kernels.py --out "$OUT_DIR/kernels.json"
 step offline_throughput 120 $PY benchmarks/offline_throughput.py --device cuda --model-shape qwen3-0.6b \
                               --dtype bfloat16 --out "$OUT_DIR/offline_throughput.json"
-step pytest_kernels_compiled 60 $PY -m pytest tests/kernels -m "not gpu" -q -x -p no:cacheprovider
+step pytest_kernels_compiled 60 $PY -m pytest tests/kernel_tests -m "not gpu" -q -x -p no:cacheprovider
 
 echo "summary (step, exit status, seconds):"; cat "$OUT_DIR/summary.txt"
 exit $status

@@ -221,7 +221,7 @@ def main() -> int:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py measures GPU memory bandwidth and needs a CUDA device; none found.\n"
-              "(The kernels' correctness tests run on CPU: pytest tests/kernels)", file=sys.stderr)
+              "(The kernels' correctness tests run on CPU: pytest tests/kernel_tests)", file=sys.stderr)
         return 2
 
     args.block_sizes = [int(x) for x in args.block_sizes.split(",")]

@@ -19,7 +19,7 @@ def interpreting() -> bool:
     """True when our kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``).
 
     The variable must be set before ``minibatch.kernels.triton_kernels`` is first
-    imported (tests do it in ``tests/kernels/conftest.py``).
+    imported (tests do it in ``tests/kernel_tests/conftest.py``).
     """
     return _INTERPRET
 
