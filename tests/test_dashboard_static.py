@@ -41,9 +41,35 @@ def test_stored_chapters_show_no_bare_widget_text():
         for i, cell in enumerate(nb["cells"]):
             for out in cell.get("outputs", []):
                 data = out.get("data", {})
-                if _text(data.get("text/plain", "")).startswith("VBox(") and "image/png" not in data:
+                text = _text(data.get("text/plain", ""))
+                if text.startswith(("VBox(", "interactive(")) and "image/png" not in data:
                     bare.append(f"{path.name} cell {i}")
-    assert not bare, f"widget outputs stored as VBox(...) text with no picture: {bare}"
+    assert not bare, (f"widget outputs stored as VBox(...) / interactive(...) text with no picture: {bare} "
+                      "(python tools/build_notebooks.py --stills)")
+
+
+def test_interact_widgets_get_the_figure_their_output_area_drew():
+    """builder.add_widget_stills: an ``interactive`` VBox whose child Output area drew a PNG."""
+    from minibatch.labs.builder import WIDGET_HINT, add_widget_stills
+
+    png = base64.b64encode(PNG + b"rest").decode()
+    state = {"box": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_slider", "IPY_MODEL_out"]}},
+             "slider": {"model_name": "IntSliderModel", "state": {}},
+             "out": {"model_name": "OutputModel", "state": {"outputs": [
+                 {"output_type": "stream", "name": "stdout", "text": "x"},
+                 {"output_type": "display_data", "data": {"image/png": png, "text/plain": "<Figure>"}}]}}}
+    view = {"output_type": "display_data", "metadata": {},
+            "data": {WIDGET: {"model_id": "box", "version_major": 2, "version_minor": 0},
+                     "text/plain": "interactive(children=(IntSlider(value=1),))"}}
+    nb = {"metadata": {"widgets": {"application/vnd.jupyter.widget-state+json": {"state": state}}},
+          "cells": [{"cell_type": "code", "outputs": [view]}]}
+    assert add_widget_stills(nb) == 1
+    assert view["data"]["image/png"] == png and view["data"]["text/plain"] == WIDGET_HINT
+    assert WIDGET in view["data"]                       # a live kernel still renders the widget
+    assert add_widget_stills(nb) == 0                   # already has its picture
+    no_state = {"metadata": {}, "cells": [{"cell_type": "code", "outputs": [
+        {"output_type": "display_data", "data": {WIDGET: {"model_id": "gone"}, "text/plain": "interactive()"}}]}]}
+    assert add_widget_stills(no_state) == 0
 
 
 def _chapter01_dashboard_call() -> str:

@@ -99,6 +99,7 @@ def build_chapter(src: str | Path, out_dir: str | Path | None = None, timeout: i
         if aborted is not None:
             raise aborted
         clean_outputs(nb)
+        add_widget_stills(nb)
         log(f"{src.stem}.ipynb: executed in {time.perf_counter() - t:.1f} s")
     out = out_dir / f"{src.stem}.ipynb"
     nbformat.validate(nb)
@@ -317,6 +318,51 @@ def execute(nb: nbformat.NotebookNode, cwd: str | Path, timeout: int = 300,
     return aborted
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WIDGET_HINT = ("[an interactive figure: the picture shows it as it was first drawn. Run the cells above and this "
+               "one in JupyterLab (make course) to move its controls.]")
+
+
+def add_widget_stills(nb) -> int:
+    """Give every stored widget output that has no picture the first figure its ``Output`` area
+    drew (``ipywidgets.interact``), from the widget state nbclient saved in the notebook, and a
+    one-line hint as ``text/plain``, so that the book, GitHub and a JupyterLab that has not run
+    the cell show the figure instead of ``interactive(children=...)`` text; a live kernel still
+    renders the widget, the richest type. Returns the number of outputs given a picture."""
+    state = nb.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+
+    def first_png(model_id: str, seen: set) -> str | None:
+        model = state.get(model_id)
+        if model is None or model_id in seen:
+            return None
+        seen.add(model_id)
+        for out in model.get("state", {}).get("outputs", []) or []:
+            png = out.get("data", {}).get("image/png")
+            if png:
+                return png
+        children = model.get("state", {}).get("children", []) or []
+        for child in children:
+            if isinstance(child, str) and child.startswith("IPY_MODEL_"):
+                png = first_png(child[len("IPY_MODEL_"):], seen)
+                if png:
+                    return png
+        return None
+
+    added = 0
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+            data = out.get("data", {})
+            if WIDGET_VIEW not in data or "image/png" in data:
+                continue
+            png = first_png(data[WIDGET_VIEW].get("model_id", ""), set())
+            if png:
+                data["image/png"] = png
+                data["text/plain"] = WIDGET_HINT
+                added += 1
+    return added
+
+
 def clean_outputs(nb: nbformat.NotebookNode) -> None:
     """Drop what differs from run to run and means nothing: cell execution metadata, and
     where the kernel happened to split a cell's printed text into several stream messages."""
@@ -363,6 +409,7 @@ def build_lab(lab, timeout: int = 300, log=print, km=None) -> tuple[Path, Path]:
     if aborted is not None:
         raise aborted
     clean_outputs(nb)
+    add_widget_stills(nb)
     nb.metadata["minibatch_lab"]["role"] = "key"
     lab.key_path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.validate(nb)
