@@ -61,8 +61,8 @@ class LLM:
             for prompt, p in zip(prompts, params):
                 try:
                     ids.append(engine.add_request(prompt, p))
-                except ValueError as e:
-                    ids.append(engine.reject(prompt, p, str(e)).request_id)
+                except ValueError as e:     # recorded with params that can be built (a bad seed cannot)
+                    ids.append(engine.reject(prompt, p if _valid(p) else None, str(e)).request_id)
                     engine.requests[ids[-1]] = engine.finished[-1]
             if use_tqdm:
                 from tqdm.auto import tqdm
@@ -92,3 +92,12 @@ class LLM:
                 engine.requests.pop(i, None)
             engine.finished = [r for r in engine.finished if r.request_id not in mine]
         return outputs
+
+
+def _valid(params) -> bool:
+    """Do ``params`` pass validation now (a field may have been changed after construction)?"""
+    try:
+        params.validate()
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return True

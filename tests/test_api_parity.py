@@ -434,3 +434,18 @@ def test_tokenize_and_detokenize_have_vllms_shapes(served, llm):
     assert back.json() == {"prompt": "Once upon a time"}
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     assert form.status_code == 415
+
+
+@pytest.mark.parametrize("body, chat, field", [
+    ({"prompt": "x", "max_tokens": 5, "min_tokens": 10}, False, "max_tokens"),
+    ({"messages": HI, "max_completion_tokens": 5, "min_tokens": 10}, True, "max_completion_tokens"),
+    ({"messages": HI, "max_tokens": 5, "min_tokens": 10}, True, "max_tokens"),
+])
+def test_min_tokens_above_max_tokens_names_both_fields_right(body, chat, field):
+    from minibatch.serving.protocol import APIError
+
+    with pytest.raises(APIError) as e:
+        parse_request(body, chat=chat)
+    assert e.value.status == 400 and e.value.param == "min_tokens"
+    assert "min_tokens=10" in e.value.message and f"[0, {field}=5]" in e.value.message
+

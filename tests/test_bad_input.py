@@ -121,6 +121,20 @@ def test_params_changed_after_construction_are_checked_when_added(llm):
     assert not llm.engine.requests and not llm.engine.has_unfinished_requests()
 
 
+@pytest.mark.parametrize("seed", [2 ** 64, -2 ** 63 - 1, "seven", 1.5])
+def test_a_bad_seed_set_after_construction_rejects_only_that_prompt(llm, seed):
+    """One SamplingParams of the batch gets a seed outside [-2**63, 2**64) (or not an integer)
+    after construction: that prompt is rejected naming ``seed``, the other is served."""
+    good = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    bad = SamplingParams(temperature=0.8, max_tokens=4, ignore_eos=True)
+    bad.seed = seed
+    outs = llm.generate([[5, 6, 7], [5, 6, 8]], [good, bad])
+    alone = llm.generate([[5, 6, 7]], good)[0]
+    assert outs[0].outputs[0].token_ids == alone.outputs[0].token_ids and outs[0].error is None
+    assert outs[1].outputs[0].finish_reason == "rejected" and "seed" in outs[1].error
+    assert not llm.engine.requests and not llm.engine.has_unfinished_requests()
+
+
 def test_huge_top_k_is_served(llm):
     out = llm.generate([[5, 6, 7]], SamplingParams(top_k=2 ** 70, seed=1, max_tokens=4, ignore_eos=True))[0]
     assert out.outputs[0].finish_reason == "length" and len(out.outputs[0].token_ids) == 4

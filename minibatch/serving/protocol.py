@@ -400,9 +400,9 @@ def parse_request(body, chat: bool, tokenizer=None, default_max_tokens: int = 16
               "skip_special_tokens": given("skip_special_tokens", True)}
     try:
         params = SamplingParams(**kw)
-    except InvalidParameter as e:
+    except InvalidParameter as e:      # name the field the client set: max_tokens or max_completion_tokens
         name = (max_name or "max_tokens") if e.param == "max_tokens" else e.param
-        raise bad(name, str(e).replace("max_tokens", name)) from None
+        raise bad(name, str(e).replace("max_tokens", max_name or "max_tokens")) from None
     if n > 1 and params.greedy:         # vLLM's message (sampling_params.py, _verify_greedy_sampling)
         raise bad("n", f"n must be 1 when using greedy sampling, got {n}.")
     return GenerationRequest(
