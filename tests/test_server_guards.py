@@ -1,6 +1,7 @@
 """``minibatch serve``'s guards, through real sockets: the Host allow-list, JSON-only API
 routes, the API key over every route (``--api-key-scope all``), the body-size limit and
-the read timeouts (slow headers, slow bodies, clients that leave mid-upload).
+the read timeouts (slow headers, slow bodies, clients that leave mid-upload), the limit on
+open connections, and the tokenizer routes behind the key.
 
 One server (tiny model, short limits) serves the module. Timeouts are asserted with
 deadlines far above the server's (2 s): the test only fails if a connection is never cut.
@@ -21,6 +22,7 @@ KEY = "sk-guards"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 BODY_LIMIT = 100_000
 READ_TIMEOUT_S = 2
+MAX_CONNECTIONS = 16
 DEADLINE_S = 60
 
 
@@ -28,7 +30,8 @@ DEADLINE_S = 60
 def server(tmp_path_factory):
     srv = ServerProcess(tmp_path_factory.mktemp("guards") / "server.log", "--api-key", KEY, "--api-key-scope", "all",
                         "--allowed-hosts", "127.0.0.1", "api.internal", "--max-request-body-bytes", str(BODY_LIMIT),
-                        "--read-timeout", str(READ_TIMEOUT_S), "--max-num-seqs", "4")
+                        "--read-timeout", str(READ_TIMEOUT_S), "--max-connections", str(MAX_CONNECTIONS),
+                        "--max-num-seqs", "4")
     yield srv
     srv.stop()
 
@@ -85,11 +88,13 @@ def test_api_routes_refuse_what_is_not_json(server, ctype):
 
 
 # -- the API key on every route but /health ------------------------------------------------------
-@pytest.mark.parametrize("path", ["/metrics", "/docs", "/openapi.json", "/redoc", "/v1/models", "/nowhere"])
+@pytest.mark.parametrize("path", ["/metrics", "/docs", "/openapi.json", "/redoc", "/v1/models", "/nowhere",
+                                  "/tokenize", "/detokenize"])
 def test_api_key_scope_all_covers_every_route_but_health(server, path):
     r = httpx.get(f"{server.url}{path}", timeout=10)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-    assert httpx.get(f"{server.url}{path}", headers=AUTH, timeout=10).status_code == (404 if path == "/nowhere" else 200)
+    assert httpx.get(f"{server.url}{path}", headers=AUTH, timeout=10).status_code == {
+        "/nowhere": 404, "/tokenize": 405, "/detokenize": 405}.get(path, 200)
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
 
 
@@ -145,3 +150,20 @@ def test_clients_that_leave_mid_upload_leave_no_trace(server):
     assert completion(server).status_code == 200
     log = server.log()
     assert "Traceback" not in log and "Exception" not in log, log
+
+
+# -- open connections -------------------------------------------------------------------------------
+def test_idle_connections_make_room_for_a_request(server):
+    """Twice --max-connections idle connections (the issue's 1,100 exhausted the file
+    descriptors): the oldest idle ones are closed, and a new client is still served."""
+    before = rejected(server, "connections")
+    idle = [raw_connection(server) for _ in range(2 * MAX_CONNECTIONS)]
+    try:
+        assert completion(server).status_code == 200
+        idle[0].settimeout(DEADLINE_S)
+        assert idle[0].recv(1) == b""                 # the oldest went first
+        assert rejected(server, "connections") >= MAX_CONNECTIONS
+    finally:
+        for s in idle:
+            s.close()
+

@@ -348,3 +348,87 @@ def test_return_token_ids_gives_the_prompt_and_generated_ids(served, llm):
     assert all("prompt_token_ids" not in e["choices"][0] for e in events[1:])
     assert [t for e in events for t in e["choices"][0]["token_ids"]] == list(want.token_ids)
     assert "token_ids" not in plain["choices"][0]
+
+
+# -- /tokenize and /detokenize: behind the key, checked, and in a pool of their own ----------------
+def test_tokenizer_calls_cannot_hold_up_a_generation(served, llm):
+    """The issue's: four 4 MiB /tokenize calls pushed a completion from 0.07 s to 25 s. Here six
+    /tokenize calls are stuck in the tokenizer ("HOLD"): they fill their own thread and queue, a
+    completion is still prepared and answered in full, and the call beyond the queue gets 429."""
+    from minibatch.serving import server
+
+    ae, state, app = served
+    queue = getattr(server, "MAX_TOKENIZER_QUEUE", 4)
+    held = HeldTokenizer(llm.engine.tokenizer)
+    llm.engine.tokenizer = held
+    want = offline(llm, ["Once upon a time"], max_tokens=8)[0].outputs[0].text
+    n = queue + 2
+
+    async def run():
+        async with client(app) as c:
+            stuck = [asyncio.ensure_future(c.post("/tokenize", json={"prompt": f"HOLD {i}"})) for i in range(n)]
+            assert await asyncio.get_running_loop().run_in_executor(None, held.entered.wait, DEADLINE_S)
+            other = await asyncio.wait_for(c.post("/v1/completions", json={
+                "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "ignore_eos": True}), DEADLINE_S / 4)
+            refused = [t.result().status_code for t in stuck if t.done()]
+            held.release.set()
+            return other, refused, [(await t).status_code for t in stuck]
+
+    try:
+        other, refused, statuses = asyncio.run(run())
+    finally:
+        held.release.set()
+        llm.engine.tokenizer = held.inner
+    assert other.status_code == 200 and other.json()["choices"][0]["text"] == want
+    assert refused == [429]                              # at once, while the others waited
+    assert sorted(statuses) == [200] * (n - 1) + [429]
+
+
+def test_tokenize_refuses_a_text_certainly_too_long_without_tokenizing_it(served, llm):
+    _, state, app = served
+    limit = state.max_prompt_chars
+    assert limit is not None and limit < 4 * 2 ** 20
+    seen: list[int] = []
+    inner = llm.engine.tokenizer
+
+    class Counting(HeldTokenizer):
+        def encode(self, text, *args, **kw):
+            seen.append(len(text))
+            return self.inner.encode(text, *args, **kw)
+
+    llm.engine.tokenizer = Counting(inner)
+
+    async def run():
+        async with client(app) as c:
+            return (await c.post("/tokenize", json={"prompt": "a" * (limit + 1)}),
+                    await c.post("/tokenize", json={"prompt": "Once upon a time"}))
+
+    try:
+        long, short = asyncio.run(run())
+    finally:
+        llm.engine.tokenizer = inner
+    assert long.status_code == 400 and long.json()["error"]["param"] == "prompt"
+    assert "too long" in long.json()["error"]["message"]
+    assert short.status_code == 200 and seen == [len("Once upon a time")]
+
+
+@pytest.mark.parametrize("scope", ["v1", "all"])
+def test_the_tokenizer_routes_are_behind_the_api_key(served, scope):
+    ae, _, _ = served
+    keyed = ServerState(ae, ["tiny"], 64, "sk-t", scope, allowed_hosts=["127.0.0.1"], prepare_threads=1)
+    app = build_app(keyed)
+
+    async def run():
+        async with client(app) as c:
+            out = []
+            for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [5, 6]})):
+                out.append((await c.post(path, json=body)).status_code)
+                out.append((await c.post(path, json=body, headers={"Authorization": "Bearer sk-t"})).status_code)
+            return out
+
+    try:
+        assert asyncio.run(run()) == [401, 200, 401, 200]
+    finally:
+        keyed.pool.shutdown(wait=True)
+        if hasattr(keyed, "tokenizer_pool"):
+            keyed.tokenizer_pool.shutdown(wait=True)

@@ -6,8 +6,13 @@ meets before a route, and the limits of the connections themselves.
   check off), which defeats DNS rebinding: a page on ``evil.example`` that resolves its
   name to 127.0.0.1 still sends ``Host: evil.example``. 400 otherwise.
 - The API key (``--api-key``; ``Authorization: Bearer KEY``): with ``--api-key-scope v1``
-  (the default) the ``/v1`` routes need it; with ``all`` every
-  route but ``/health`` does. 401 otherwise.
+  (the default) the ``/v1`` routes and the tokenizer routes (``/tokenize``, ``/detokenize``)
+  need it; with ``all`` every route but ``/health`` does. 401 otherwise. The tokenizer routes
+  are inside the key in both scopes, unlike vLLM, whose key guards only the paths under
+  ``/v1`` (and ``/v2``, ``/inference``, ``/cohere``: ``GUARDED_PREFIX`` in
+  ``vllm/entrypoints/serve/utils/server_utils.py``, ``AuthenticationMiddleware``; vLLM main,
+  commit 0753ceeb): tokenizing is work done on demand, and a key that leaves it open lets
+  anyone load the server.
 - ``POST /v1/...`` (and the tokenizer routes) must be ``Content-Type: application/json``,
   so that a cross-site "simple" request (a form, ``text/plain``) cannot start a
   generation. 415 otherwise.
@@ -15,6 +20,14 @@ meets before a route, and the limits of the connections themselves.
   limit (``--read-timeout``, 408); the request headers too must arrive within
   ``--read-timeout`` seconds of the connection (or of the previous request on it), else
   the connection is closed.
+- At most ``--max-connections`` connections are open at once. When one more arrives, the
+  oldest *idle* connection (no request in progress: still sending its headers, or a
+  keep-alive connection between requests) is closed to make room; if every connection has
+  a request in progress, the new one is closed at once. Idle connections therefore cannot
+  exhaust the process's file descriptors, and they never push out a request being
+  served. The process's soft limit on open files is raised (to 65,535 or its hard limit)
+  at start, as vLLM's API server does (``set_ulimit()`` in ``setup_server``,
+  ``vllm/entrypoints/openai/api_server.py``; vLLM main, commit 0001948b).
 
 :class:`Edge` holds these settings; :class:`Guard` is the ASGI middleware that applies the
 per-request checks (a plain middleware, so that streaming is untouched);
@@ -40,6 +53,7 @@ OPEN_PATHS = ("/health",)          # never behind the API key (load balancers pr
 TOKENIZER_PATHS = ("/tokenize", "/detokenize")   # vLLM's paths, outside /v1
 DEFAULT_MAX_BODY_BYTES = 4 * 2 ** 20
 DEFAULT_READ_TIMEOUT_S = 30.0
+DEFAULT_MAX_CONNECTIONS = 1024
 KEEP_ALIVE_S = 5                    # uvicorn's timeout_keep_alive (its default is 5 s too)
 # A body over the limit is still read (and dropped) up to this size, so that a client that
 # writes its whole body before reading gets the 413 instead of a reset connection.
@@ -90,6 +104,7 @@ class Edge:
     api_key_scope: str = "v1"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     read_timeout: float = DEFAULT_READ_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     what: str = "server"
     count: Callable[[str], None] = lambda reason: None
 
@@ -104,7 +119,8 @@ class Edge:
     def needs_key(self, path: str) -> bool:
         if self.api_key is None or path in OPEN_PATHS:
             return False
-        return path == "/v1" or path.startswith("/v1/") or self.api_key_scope == "all"
+        return (path == "/v1" or path.startswith("/v1/") or path in TOKENIZER_PATHS
+                or self.api_key_scope == "all")
 
     def authenticated(self, authorization: str | None) -> bool:
         """Does this ``Authorization`` header carry the key (always, when there is no key)?"""
@@ -199,32 +215,40 @@ def add_edge_args(p, what: str = "server") -> None:
     p.add_argument("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT_S,
                    help="seconds a client may take to send a request's headers, and again its body "
                         f"(default: {DEFAULT_READ_TIMEOUT_S:g})")
+    p.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                   help=f"open connections at most; the oldest idle one is closed to make room for a new one "
+                        f"(default: {DEFAULT_MAX_CONNECTIONS})")
 
 
 def check_edge_args(args) -> None:
     """``ValueError`` naming a bad edge option."""
-    for name in ("max_request_body_bytes", "read_timeout"):
+    for name in ("max_request_body_bytes", "read_timeout", "max_connections"):
         if not getattr(args, name) > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive")
 
 
 def edge_from_args(args, api_key: str | None, api_key_scope: str, what: str, count=None) -> Edge:
     hosts, any_ip = (args.allowed_hosts, False) if args.allowed_hosts else default_allowed_hosts(args.host)
-    return Edge(set(hosts), any_ip, api_key, api_key_scope, args.max_request_body_bytes, args.read_timeout,
-                what, count or (lambda reason: None))
+    return Edge(set(hosts), any_ip, api_key or None, api_key_scope, args.max_request_body_bytes, args.read_timeout,
+                args.max_connections, what, count or (lambda reason: None))
 
 
 # -- connections ---------------------------------------------------------------------------------
 def timed_protocol(edge: Edge):
-    """uvicorn's httptools protocol, plus a deadline on the request headers: a connection
+    """uvicorn's httptools protocol, plus (1) a deadline on the request headers: a connection
     that opens and sends nothing, or sends its headers slowly, is closed after
-    ``edge.read_timeout`` seconds (uvicorn itself only times out idle keep-alive connections).
-    ``None`` when httptools is not installed (uvicorn then uses h11, without this deadline)."""
+    ``edge.read_timeout`` seconds (uvicorn itself only times out idle keep-alive connections);
+    (2) the connection limit: beyond ``edge.max_connections`` open connections the oldest
+    idle one is closed (or, if none is idle, the new one). ``None`` when httptools is not
+    installed (uvicorn then uses h11, without these limits)."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
         return None
     read_timeout = edge.read_timeout
+    # Open connections, oldest first (dicts keep insertion order); True while a request is
+    # in progress on it (from its headers' end until its response is sent).
+    open_: dict = {}
 
     class TimedHttpToolsProtocol(HttpToolsProtocol):
         _header_timer = None
@@ -245,6 +269,12 @@ def timed_protocol(edge: Edge):
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            if len(open_) >= edge.max_connections:
+                edge.count("connections")
+                if not _evict_idle(open_):      # every connection is serving a request
+                    transport.close()
+                    return
+            open_[self] = False
             self._arm()
 
         def on_message_begin(self) -> None:
@@ -253,13 +283,49 @@ def timed_protocol(edge: Edge):
 
         def on_headers_complete(self) -> None:
             self._disarm()
+            if self in open_:
+                open_[self] = True
             super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            if self in open_:
+                open_[self] = False
+            super().on_response_complete()
 
         def connection_lost(self, exc) -> None:
             self._disarm()
+            open_.pop(self, None)
             super().connection_lost(exc)
 
+    TimedHttpToolsProtocol.open_connections = open_
     return TimedHttpToolsProtocol
+
+
+def _evict_idle(open_: dict) -> bool:
+    """Close the oldest idle connection in ``open_``; False if every one is busy."""
+    for proto, busy in open_.items():
+        if not busy:
+            del open_[proto]
+            if proto.transport is not None and not proto.transport.is_closing():
+                proto.transport.close()
+            return True
+    return False
+
+
+def raise_open_files_limit(target: int = 65535) -> None:
+    """Raise this process's soft limit on open files to ``target`` (at most its hard limit),
+    as vLLM's ``set_ulimit`` does; nothing on a platform without ``resource``."""
+    try:
+        import resource
+    except ImportError:
+        return
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = target if hard == resource.RLIM_INFINITY else min(target, hard)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError):
+        pass
 
 
 def uvicorn_config(app, host: str, port: int, edge: Edge, **kw):

@@ -53,7 +53,7 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 FINISH_REASONS = ("stop", "length", "abort", "rejected")
 REJECTION_REASONS = ("overload", "invalid", "unauthorized", "too_large", "timeout", "host", "media_type",
-                     "disconnected")
+                     "disconnected", "connections")
 LABELS = ("model_name", "engine")
 
 

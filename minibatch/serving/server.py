@@ -6,7 +6,8 @@
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both stream with
 ``"stream": true`` as server-sent events ending in ``data: [DONE]``), ``GET /v1/models``,
-``POST /tokenize`` and ``POST /detokenize`` (vLLM's paths and shapes), ``GET /health`` (503
+``POST /tokenize`` and ``POST /detokenize`` (vLLM's paths and shapes; behind the API key
+when there is one, unlike vLLM: ``edge.py``), ``GET /health`` (503
 once the engine has failed, or while shutting down), ``GET /metrics`` (Prometheus text).
 One :class:`AsyncEngine` thread batches every connection's requests together; each token
 reaches its client as soon as the step that made it ends. The options each endpoint
@@ -35,17 +36,21 @@ body is read under a size limit (``--max-request-body-bytes``, 413) and a time l
 (``--read-timeout`` for the headers and for the body, 408), and JSON parsing, chat
 templating and tokenization run in a small thread pool, off the event loop and off the
 engine thread, after a length check on characters that refuses a prompt certainly too
-long for ``max_model_len`` without tokenizing it. A request whose part of an engine step
+long for ``max_model_len`` without tokenizing it. ``/tokenize`` and ``/detokenize`` run in
+a pool of their own (one thread, at most :data:`MAX_TOKENIZER_QUEUE` calls waiting, 429
+beyond), after the same length check, so that they cannot hold up a generation's
+preparation. A request whose part of an engine step
 fails is aborted with its own error (``LLMEngine`` isolates it); the others go on.
 
-Guards, on every route: the ``Host`` header must be in ``--allowed-hosts`` (default: the
-loopback names and the bind host; with a wildcard bind also this machine's name and any
-IP address; ``*`` turns the check off), which defeats DNS rebinding; ``POST /v1/...``
-must be ``Content-Type: application/json`` (415 otherwise), so that a cross-site
-"simple" request (a form, or ``text/plain``) cannot start a generation; with
-``--api-key`` the ``/v1`` routes need ``Authorization: Bearer KEY``, and with
-``--api-key-scope all`` so do ``/metrics``, ``/docs``, ``/redoc`` and ``/openapi.json``
-(every route but ``/health``).
+Guards, on every route (``edge.py``, shared with the HTTP router): the ``Host`` header must
+be in ``--allowed-hosts`` (default: the loopback names and the bind host; with a wildcard
+bind also this machine's name and any IP address; ``*`` turns the check off), which
+defeats DNS rebinding; ``POST /v1/...`` must be ``Content-Type: application/json`` (415
+otherwise), so that a cross-site "simple" request (a form, or ``text/plain``) cannot start
+a generation; with ``--api-key`` the ``/v1`` and tokenizer routes need ``Authorization:
+Bearer KEY``, and with ``--api-key-scope all`` so do ``/metrics``, ``/docs``, ``/redoc`` and
+``/openapi.json`` (every route but ``/health``). At most ``--max-connections`` connections
+are open; the oldest idle one makes room for a new one.
 
 Flow control: at most ``--max-concurrent-requests`` generations are in flight; the next
 one gets 429 at once, with ``Retry-After``, instead of waiting in an unbounded queue. A
@@ -86,12 +91,14 @@ from minibatch.serving.async_engine import AsyncEngine, RequestStream
 from minibatch.serving.edge import (  # noqa: F401  (host_allowed, default_allowed_hosts: also importable here)
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_READ_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
     Edge,
     Guard,
     add_edge_args,
     check_edge_args,
     default_allowed_hosts,
     host_allowed,
+    raise_open_files_limit,
     uvicorn_config,
 )
 from minibatch.serving.faults import FaultInjector, StreamCut, parse_fault
@@ -117,6 +124,7 @@ from minibatch.serving.protocol import (
 DISCONNECT_POLL_S = 0.5    # how often a non-streaming request checks that its client is still there
 HARD_SHUTDOWN_MARGIN_S = 5.0   # after the graceful timeout and the aborts, uvicorn cuts what is left
 RETRY_AFTER_S = 1
+MAX_TOKENIZER_QUEUE = 4        # /tokenize and /detokenize calls waiting for their thread; 429 beyond
 
 
 class ServerState:
@@ -125,19 +133,22 @@ class ServerState:
     def __init__(self, engine: AsyncEngine, served_names: list[str], max_concurrent_requests: int,
                  api_key: str | None, api_key_scope: str = "v1", allowed_hosts=("*",),
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, read_timeout: float = DEFAULT_READ_TIMEOUT_S,
-                 prepare_threads: int | None = None):
+                 prepare_threads: int | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS):
         self.engine = engine
         self.metrics: ServingMetrics = engine.metrics
         self.served_names = served_names
         self.max_concurrent_requests = max_concurrent_requests
         # Host allow-list, API key, body limits (edge.py); any_ip_host: set for a wildcard bind.
         self.edge = Edge(set(allowed_hosts), False, api_key, api_key_scope, max_body_bytes, read_timeout,
-                         "server", self.metrics.count_http_rejection)
+                         max_connections, "server", self.metrics.count_http_rejection)
         llm = engine.engine
         self.max_prompt_chars = max_prompt_chars(llm.tokenizer, llm.max_model_len)
         # JSON parsing, chat templates and tokenization: off the event loop and the engine thread.
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=prepare_threads or min(4, os.cpu_count() or 1), thread_name_prefix="minibatch-prepare")
+        # /tokenize and /detokenize: a thread of their own, so they never hold up a generation.
+        self.tokenizer_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="minibatch-tokenize")
+        self.tokenizer_calls = 0            # /tokenize and /detokenize calls waiting or running
         self.draining = False
         self.faults: FaultInjector | None = None    # set by --enable-fault-injection
 
@@ -150,6 +161,7 @@ def build_app(state: ServerState):
         yield
         state.engine.shutdown()
         state.pool.shutdown(wait=False, cancel_futures=True)
+        state.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="minibatch", lifespan=lifespan)
     app.state.minibatch = state
@@ -302,19 +314,38 @@ def build_app(state: ServerState):
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
-        raw = await read_body(request)
-        return await asyncio.get_running_loop().run_in_executor(state.pool, tokenize_body, raw)
+        return await tokenizer_call(request, tokenize_body)
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
+        return await tokenizer_call(request, detokenize_body)
+
+    async def tokenizer_call(request: Request, work):
+        """Run ``work(body)`` in the tokenizer pool: 429 when :data:`MAX_TOKENIZER_QUEUE` calls wait."""
         raw = await read_body(request)
-        return await asyncio.get_running_loop().run_in_executor(state.pool, detokenize_body, raw)
+        if state.tokenizer_calls >= MAX_TOKENIZER_QUEUE + 1:
+            state.metrics.count_http_rejection("overload")
+            raise APIError(429, f"{state.tokenizer_calls} tokenizer calls are waiting or running, this server's "
+                                "limit; retry later", type="rate_limit_error", code="rate_limit_exceeded",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
+        state.tokenizer_calls += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(state.tokenizer_pool, work, raw)
+        finally:
+            state.tokenizer_calls -= 1
 
     def tokenize_body(raw: bytes) -> dict:
-        """vLLM's ``/tokenize``: ``{count, max_model_len, tokens, token_strs}``."""
+        """vLLM's ``/tokenize``: ``{count, max_model_len, tokens, token_strs}``. A text certainly
+        longer than ``max_model_len`` tokens (by its characters) is refused before tokenizing."""
         t = parse_tokenize(load_body(raw))
         served_model(t.model, state.served_names)
         tok = needs_tokenizer()
+        chars = len(t.text) if t.messages is None else sum(len(m["content"]) for m in t.messages)
+        limit = state.max_prompt_chars
+        if limit is not None and chars > limit:
+            raise bad("messages" if t.messages is not None else "prompt",
+                      f"the text of {chars} characters is too long to tokenize: that many characters make more "
+                      f"than max_model_len={llm.max_model_len} tokens with this tokenizer")
         text = t.text if t.messages is None else render_chat(t.messages, tok, t.add_generation_prompt)
         ids = tok.encode(text, add_special_tokens=t.add_special_tokens)
         return {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids,
@@ -498,8 +529,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=env("MINIBATCH_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $MINIBATCH_API_KEY)")
     p.add_argument("--api-key-scope", choices=["v1", "all"], default="v1",
-                   help="routes the API key covers: v1 (the /v1 API) or all (also /metrics, /docs, /redoc, "
-                        "/openapi.json; /health stays open) (default: v1)")
+                   help="routes the API key covers: v1 (the /v1 API, /tokenize, /detokenize) or all (also "
+                        "/metrics, /docs, /redoc, /openapi.json; /health stays open) (default: v1)")
     add_edge_args(p)
     p.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGTERM")
@@ -547,10 +578,11 @@ def main(argv: list[str] | None = None) -> int:
     hosts, any_ip = (args.allowed_hosts, False) if args.allowed_hosts else default_allowed_hosts(args.host)
     metrics = ServingMetrics(names[0], llm_engine.max_model_len)
     state = ServerState(AsyncEngine(llm_engine, metrics), names, limit, args.api_key, args.api_key_scope,
-                        hosts, args.max_request_body_bytes, args.read_timeout)
+                        hosts, args.max_request_body_bytes, args.read_timeout, max_connections=args.max_connections)
     state.edge.any_ip_host = any_ip
     if args.enable_fault_injection:
         state.faults = FaultInjector()
+    raise_open_files_limit()
     server = _make_server(build_app(state), args.host, args.port, state,
                           args.graceful_shutdown_timeout, args.uvicorn_log_level)
     print(f"minibatch: serving {names[0]!r} on http://{args.host}:{args.port} "
@@ -560,4 +592,5 @@ def main(argv: list[str] | None = None) -> int:
     server.run()
     state.engine.shutdown()      # idempotent; covers a failed startup where lifespan never ran
     state.pool.shutdown(wait=False, cancel_futures=True)
+    state.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
     return 0
