@@ -33,11 +33,13 @@ def alive(pid: int) -> bool:
 
 class ServerProcess:
     def __init__(self, log_path, *args: str, threads: int | None = 1, port: int | None = None,
-                 command: str = "serve"):
+                 command: str = "serve", ready_status: int = 200):
         """``threads``: torch CPU threads of the server (OMP_NUM_THREADS); tests use one so
         that the server and the test process do not fight over a small machine's cores.
         ``port``: a given port (a restart on the same address) instead of a free one;
-        ``command``: the ``python -m minibatch`` subcommand (``serve``, ``router``)."""
+        ``command``: the ``python -m minibatch`` subcommand (``serve``, ``router``);
+        ``ready_status``: the ``/health`` status that means it is up (a router whose upstreams
+        are all down answers 503)."""
         self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -45,6 +47,7 @@ class ServerProcess:
         env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
         if threads:
             env["OMP_NUM_THREADS"] = str(threads)
+        self.ready_status = ready_status
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "minibatch", command, "--port", str(self.port),
              "--uvicorn-log-level", "warning", *args],
@@ -61,7 +64,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == self.ready_status:
                     return
             except httpx.HTTPError:
                 pass
@@ -115,3 +118,53 @@ def pace(engine, deadline_s: float):
 
     engine.step = paced_step
     return allowed
+
+
+def start_servers(log_dir, n: int, *args: str) -> list[ServerProcess]:
+    """``n`` ``minibatch serve`` processes started side by side (their logs in ``log_dir``);
+    those that started are stopped if another one fails."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(ServerProcess, log_dir / f"upstream{i}.log", *args) for i in range(n)]
+    servers = [f.result() for f in futures if f.exception() is None]
+    if len(servers) < n:
+        for s in servers:
+            s.stop()
+        raise next(f.exception() for f in futures if f.exception() is not None)
+    return servers
+
+
+def set_fault(server, **fault) -> None:
+    """``POST /admin/fault`` on a server started with ``--enable-fault-injection``."""
+    r = httpx.post(f"{server.url}/admin/fault", json=fault, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def sse_events(url: str, path: str, body: dict, headers: dict | None = None, timeout: float = 120) -> list:
+    """Every ``data:`` payload of a streamed answer (JSON-decoded, ``[DONE]`` as a string)."""
+    import json
+
+    out = []
+    with httpx.stream("POST", f"{url}{path}", json=body, headers=headers, timeout=timeout) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data = line[6:]
+                out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def by_choice(events: list) -> dict[int, dict]:
+    """Each choice's text, token ids (when sent) and finish_reason, from a stream's events."""
+    out: dict[int, dict] = {}
+    for e in events:
+        if not isinstance(e, dict):
+            continue
+        for c in e.get("choices") or []:
+            ch = out.setdefault(c["index"], {"text": "", "token_ids": [], "finish_reason": None})
+            ch["text"] += c.get("text") if "text" in c else (c.get("delta") or {}).get("content") or ""
+            ch["token_ids"] += c.get("token_ids") or []
+            if c.get("finish_reason") is not None:
+                ch["finish_reason"] = c["finish_reason"]
+    return out

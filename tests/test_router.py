@@ -155,7 +155,7 @@ def test_prefix_aware_keeps_a_shared_prefix_on_one_upstream():
 
     def pick(prompt: str) -> int:
         body = {"model": "tiny", "prompt": prompt}
-        req = Proxied("/v1/completions", False, body, {}, state.routed_request(body, False), False)
+        req = Proxied("/v1/completions", False, body, {}, asyncio.run(state.routed_request(body, False)), False)
         u = state.choose(req)
         return u.index
 

@@ -36,7 +36,7 @@ def wait_for(cond, timeout: float, what: str):
 class Replicated:
     """``serve --replicas 2`` in a subprocess; its log, children's pids and router URL."""
 
-    def __init__(self, log_path):
+    def __init__(self, log_path, *args: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -45,7 +45,7 @@ class Replicated:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "minibatch", "serve", "--replicas", "2", "--port", str(self.port),
              "--router-policy", "round_robin", "--max-num-seqs", "4", "--uvicorn-log-level", "warning",
-             "--replica-stop-timeout", "20"],
+             "--replica-stop-timeout", "20", *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.pids: list[int] = []
 
@@ -106,3 +106,40 @@ def test_children_die_with_a_killed_parent(replicated):
     r.proc.kill()                      # SIGKILL: the parent cannot clean up; PDEATHSIG does
     r.proc.wait(10)
     wait_for(lambda: not any(alive(p) for p in r.pids), 60, "the replicas to exit after their parent died")
+
+
+def test_with_an_api_key_the_router_polls_with_it_and_guards_its_own_routes(tmp_path):
+    """``serve --replicas 2 --api-key K --api-key-scope all``: the router's /v1/models, /metrics
+    need the key; /health answers without it but names no internal address; the router polls
+    its replicas with the key (their models, and their load while a request runs)."""
+    key = "sk-replicas"
+    auth = {"Authorization": f"Bearer {key}"}
+    r = Replicated(tmp_path / "serve.log", "--api-key", key, "--api-key-scope", "all")
+    try:
+        r.wait_ready()
+        health = httpx.get(f"{r.url}/health", timeout=10)
+        assert health.status_code == 200 and health.json() == {"status": "ok"}, health.text
+        for path in ("/metrics", "/v1/models"):
+            assert httpx.get(f"{r.url}{path}", timeout=10).status_code == 401, path
+        ports = re.findall(r"replica \d+ pid \d+ on http://127.0.0.1:(\d+)", r.log())
+        assert len(ports) == 2 and not any(p in health.text for p in ports)
+        details = httpx.get(f"{r.url}/health", headers=auth, timeout=10).json()
+        assert [u["healthy"] for u in details["upstreams"]] == [True, True]
+        models = httpx.get(f"{r.url}/v1/models", headers=auth, timeout=10).json()
+        assert [m["id"] for m in models["data"]] == ["tiny"]
+
+        def running() -> float:
+            page = httpx.get(f"{r.url}/metrics", headers=auth, timeout=10).text
+            return sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+                       if line.startswith("minibatch_router_upstream_num_requests_running{"))
+
+        body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 800, "ignore_eos": True,
+                "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"{r.url}/v1/completions", json=body, headers=auth, timeout=WAIT_S) as s:
+            assert s.status_code == 200
+            lines = s.iter_lines()
+            next(line for line in lines if line.startswith("data: "))      # the request runs upstream
+            wait_for(lambda: running() >= 1, 60, "the router to poll a replica's load (with the key)")
+    finally:
+        r.stop()
+

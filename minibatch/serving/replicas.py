@@ -9,8 +9,16 @@ router (``minibatch.serving.router``) listens on ``--host``/``--port`` once ever
 ``serve`` already has ``--policy`` (the scheduling policy) and ``--max-concurrent-requests``
 (each replica's limit): ``--router-policy``, ``--router-max-concurrent-requests``,
 ``--router-max-queue``, ``--router-max-attempts``, ``--router-poll-interval``,
-``--router-upstream-timeout``. With ``OMP_NUM_THREADS`` unset, each replica gets
+``--router-upstream-timeout``, ``--router-first-token-timeout``,
+``--router-inter-token-timeout``. With ``OMP_NUM_THREADS`` unset, each replica gets
 ``cpu_count // N`` torch threads (at least one), so that N replicas do not oversubscribe.
+
+The router is the public edge (``edge.py``): ``--allowed-hosts``, ``--read-timeout`` and
+``--max-connections`` are its own (the replicas listen on loopback ports and answer the
+router's ``Host: 127.0.0.1``); ``--max-request-body-bytes`` applies to the router and the
+replicas alike. ``--api-key`` (or ``$MINIBATCH_API_KEY``) and ``--api-key-scope`` go to every
+replica and to the router, which enforces them on its own routes too (``/health`` answers
+without the key, its details only with it) and sends the key on its polls of the replicas.
 
 No orphans. Every child starts in a session (and process group) of its own, so that a
 Ctrl-C on the terminal reaches only this process, which then stops them in order; on Linux
@@ -34,7 +42,10 @@ import time
 import urllib.error
 import urllib.request
 
+from minibatch.config import env
+from minibatch.serving.edge import add_edge_args, check_edge_args, edge_from_args
 from minibatch.serving.router import RouterState, make_server
+from minibatch.serving.upstreams import DEFAULT_FIRST_TOKEN_TIMEOUT_S, DEFAULT_INTER_TOKEN_TIMEOUT_S
 
 PR_SET_PDEATHSIG = 1       # <linux/prctl.h>
 
@@ -141,6 +152,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--router-max-attempts", type=int, default=3)
     p.add_argument("--router-poll-interval", type=float, default=0.5)
     p.add_argument("--router-upstream-timeout", type=float, default=300.0)
+    p.add_argument("--router-first-token-timeout", type=float, default=DEFAULT_FIRST_TOKEN_TIMEOUT_S)
+    p.add_argument("--router-inter-token-timeout", type=float, default=DEFAULT_INTER_TOKEN_TIMEOUT_S)
+    add_edge_args(p)
     p.add_argument("--startup-timeout", type=float, default=180.0, help="seconds for every replica to be healthy")
     p.add_argument("--replica-stop-timeout", type=float, default=15.0,
                    help="seconds each replica has to exit after SIGTERM before SIGKILL")
@@ -162,15 +176,22 @@ def main(argv: list[str]) -> int:
         print("error: --replicas must be at least 1", file=sys.stderr)
         return 2
     tokenizer = _value(engine_argv, "--tokenizer") or _value(engine_argv, "--model") or "tiny"
+    api_key = _value(engine_argv, "--api-key") or env("MINIBATCH_API_KEY")
+    scope = _value(engine_argv, "--api-key-scope") or "v1"
     try:
+        check_edge_args(args)
+        edge = edge_from_args(args, api_key, scope, "router")
         state = RouterState(["http://127.0.0.1:0"] * args.replicas, args.router_policy,
                             max_concurrent=args.router_max_concurrent_requests, max_queue=args.router_max_queue,
                             max_attempts=args.router_max_attempts, poll_interval=args.router_poll_interval,
-                            upstream_timeout=args.router_upstream_timeout, tokenizer=tokenizer)
+                            upstream_timeout=args.router_upstream_timeout, tokenizer=tokenizer, edge=edge,
+                            first_token_timeout=args.router_first_token_timeout,
+                            inter_token_timeout=args.router_inter_token_timeout, upstream_api_key=api_key)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    replicas = Replicas(args.replicas, engine_argv, args.replica_stop_timeout)
+    child_argv = [*engine_argv, "--max-request-body-bytes", str(args.max_request_body_bytes)]
+    replicas = Replicas(args.replicas, child_argv, args.replica_stop_timeout)
 
     serving = False
 

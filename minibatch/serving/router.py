@@ -6,8 +6,12 @@
 The upstreams are any OpenAI-compatible servers (``minibatch serve``, ``vllm serve``). The
 router proxies ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streamed
 server-sent events pass through, event by event), answers ``GET /v1/models`` with the union
-of its upstreams' models, ``GET /health`` (200 while one upstream is healthy, with every
-upstream's state in the body) and ``GET /metrics`` (its own ``minibatch_router_*`` series).
+of its upstreams' models, ``GET /health`` (200 while one upstream is healthy; every
+upstream's state in the body only for a caller with the API key, or when there is none)
+and ``GET /metrics`` (its own ``minibatch_router_*`` series). This module holds the app and
+the command line; its parts are ``upstreams.py`` (health, polled load, admission),
+``relay.py`` (streams passed through and resumed), ``routed.py`` (what a router class reads
+of a request) and ``edge.py`` (the checks every request meets first, shared with the server).
 
 Routing. Each request goes to the upstream that a router class picks
 (``minibatch.routing.routers``, ``--policy``; the same classes route in the simulator and on
@@ -22,41 +26,53 @@ Ray), among the healthy upstreams that serve the request's model. The class sees
   by up to one interval, so a view counts ``max(running + waiting, in flight)`` requests),
   their prompt tokens and blocks, and for ``kv_aware`` the prompt prefixes sent there.
 
-Prompt tokens (for ``prefix_aware`` and ``kv_aware``): a prompt of token ids is used as is.
-A text prompt is tokenized with the upstream model's tokenizer when the router can load
-it without a download: the embedded ``tiny`` model, a local checkpoint directory, or
-``--tokenizer PATH``; otherwise its UTF-8 bytes stand in for tokens (prefix matches then
-count bytes, which still finds shared prefixes, only on another scale). A chat request's
-"prompt" for routing is its messages as ``role: content`` lines: the upstream's chat
-template is not known here, and the same conversation always gives the same text. Other
-policies need only a length, which is the UTF-8 byte count of a text prompt (no tokenizing).
+Prompt tokens for ``prefix_aware`` and ``kv_aware``: ``routed.py`` (a text prompt is tokenized
+off the event loop, at most its first ``--routing-prefix-chars`` characters).
 
 Health. A background task checks every upstream's ``/health`` (and reads ``/metrics``) each
-interval, under ``--health-timeout``. A failed check, or a connection error on a request,
-marks the upstream unhealthy: it gets no requests until a check succeeds again.
+interval, under ``--health-timeout``, with ``--upstream-api-key`` if given. A failed check,
+or a connection error or a stall on a request, marks the upstream unhealthy: it gets no
+requests until a check succeeds again.
 
 Retries and resumption. A request whose upstream fails before the answer's first byte
 (connection refused or reset, a 5xx, a 429, or a read timeout) is sent to another healthy
 upstream (one not tried by this request if there is one), at most ``--max-attempts``
-attempts per request in all, resumptions included. A stream cut after some tokens is
-resumed on another upstream: for a completion with ``temperature: 0`` (greedy), the router
-asks its upstreams for token ids (vLLM's ``return_token_ids``, vLLM >= 0.10.2, which
-minibatch's server speaks too) and re-sends ``prompt`` = the prompt's token ids + the tokens
-already produced, ``max_tokens`` reduced by their number, so the client receives exactly the
-tokens an uninterrupted stream would have given; when the router has the tokenizer it
-detokenizes the resumed part itself, so that a character split across the cut is not lost.
-Where that cannot be done (a chat stream, sampling with temperature > 0, an upstream without
-token ids) the stream ends with an error event in OpenAI's shape and ``data: [DONE]``,
-never a hang. Every upstream read waits at most ``--upstream-timeout`` seconds. Known limit:
-a ``stop`` string that spans the cut is not seen by the resuming upstream.
+attempts per request (per choice, once a stream's choices continue apart), resumptions
+included. A stream cut after some tokens is resumed on other upstreams, choice by choice
+(``relay.py``): for a completion with ``temperature: 0`` (greedy), the router asks its
+upstreams for token ids (vLLM's ``return_token_ids``, vLLM >= 0.10.2, which minibatch's
+server speaks too) and re-sends each unfinished choice with ``prompt`` = its prompt's token
+ids + the tokens already produced, ``max_tokens`` reduced by their number and ``echo`` off,
+so the client receives exactly the tokens an uninterrupted stream would have given. Where
+that cannot be done (a chat stream, sampling with temperature > 0, an upstream without token
+ids) the stream ends with an error event in OpenAI's shape and ``data: [DONE]``, never a
+hang and never a silently short answer. Known limit: a ``stop`` string that spans the cut is
+not seen by the resuming upstream.
+
+Stalls. A stream whose upstream sends no event for ``--first-token-timeout`` seconds (before
+its first event) or ``--inter-token-timeout`` seconds (after it) is cut, its upstream marked
+unhealthy, and it is resumed or retried as above. A non-streamed request whose upstream has
+failed every health check for ``--inter-token-timeout`` seconds is sent to another upstream
+(nothing has reached the client yet); ``--upstream-timeout`` bounds a whole non-streamed
+answer. Defaults and their reasons: ``upstreams.py``.
+
+Clients that leave. A client that disconnects before its (non-streamed or streamed) answer
+is complete has its upstream request cancelled: the router closes that connection, and the
+upstream (``minibatch serve``, vLLM) aborts the request and frees its KV blocks.
 
 Backpressure. At most ``--max-concurrent-requests`` requests are in flight upstream; up to
 ``--max-queue`` more wait (at most ``--queue-timeout`` s) for a slot; beyond that the answer
 is 429 with ``Retry-After``, in OpenAI's error shape. Bad input (not JSON, a body that is not
-an object, ``Content-Type`` not JSON, no ``model``, an unknown model) gets a 4xx naming the
-problem and never reaches an upstream.
-"""
+an object, text that is not valid Unicode, ``Content-Type`` not JSON, no ``model``, an
+unknown model) gets a 4xx naming the problem and never reaches an upstream.
 
+The edge (``edge.py``, the server's rules and option names): ``--allowed-hosts`` (the Host
+allow-list against DNS rebinding), ``--api-key`` / ``--api-key-scope`` (``v1``: the ``/v1``
+routes; ``all``: every route but ``/health``), ``--max-request-body-bytes``,
+``--read-timeout`` (request headers and body), ``--max-connections``. The router forwards the
+client's ``Authorization`` header upstream unless ``--upstream-api-key`` is given, which then
+replaces it (and authenticates the polls).
+"""
 
 from __future__ import annotations
 
@@ -67,19 +83,32 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from minibatch.config import env
 from minibatch.routing import routers
+from minibatch.serving.edge import (
+    Edge,
+    Guard,
+    add_edge_args,
+    check_edge_args,
+    edge_from_args,
+    raise_open_files_limit,
+    uvicorn_config,
+)
 from minibatch.serving.metrics import CONTENT_TYPE_LATEST
+from minibatch.serving.openai import load_body
 from minibatch.serving.protocol import APIError, add_error_handlers
 from minibatch.serving.relay import RelayResponse, StreamRelay
+from minibatch.serving.routed import DEFAULT_ROUTING_PREFIX_CHARS, RoutedRequest, RoutingPrompts, Tokens
 from minibatch.serving.upstreams import (  # noqa: F401  (also importable from here)
     DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_FIRST_TOKEN_TIMEOUT_S,
     DEFAULT_HEALTH_TIMEOUT_S,
+    DEFAULT_INTER_TOKEN_TIMEOUT_S,
     DEFAULT_POLL_INTERVAL_S,
     DEFAULT_UPSTREAM_TIMEOUT_S,
     RETRY_AFTER_S,
@@ -91,51 +120,12 @@ from minibatch.serving.upstreams import (  # noqa: F401  (also importable from h
     parse_metrics,
 )
 
-DEFAULT_MAX_BODY_BYTES = 4 * 2 ** 20
+DISCONNECT_POLL_S = 0.25   # how often a non-streamed request checks its client and its upstream's health
 
 
-@dataclass
-class RoutedRequest:
-    """What a router class reads of a request (the attributes of ``RequestSpec`` it uses)."""
+class ClientGone(Exception):
+    """The client of a non-streamed request disconnected before its answer."""
 
-    prompt_len: int
-    max_tokens: int
-    prompt_token_ids: list[int] | None
-    model: str
-    tenant: str | None = None
-    request_id: str | None = None
-
-class Tokens:
-    """Prompt token ids for routing: a tokenizer the router can load locally, or UTF-8 bytes."""
-
-    def __init__(self, tokenizer=None):
-        self.tokenizer = tokenizer
-
-    @classmethod
-    def for_model(cls, name: str | None) -> Tokens:
-        """The tokenizer of ``name`` if it is ``tiny`` or a local directory, else bytes."""
-        if not name:
-            return cls(None)
-        from minibatch.model.loader import TINY_NAMES, tiny_model_path
-        from minibatch.tokenizer import load_tokenizer
-
-        path = tiny_model_path() if name in TINY_NAMES else Path(name).expanduser()
-        try:
-            return cls(load_tokenizer(path) if path.is_dir() else None)
-        except (OSError, ValueError):
-            return cls(None)
-
-    def encode(self, text: str) -> list[int]:
-        if self.tokenizer is None:
-            return list(text.encode("utf-8"))
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def detokenizer(self):
-        if self.tokenizer is None:
-            return None
-        from minibatch.tokenizer import IncrementalDetokenizer
-
-        return IncrementalDetokenizer(self.tokenizer)
 
 @dataclass
 class Proxied:
@@ -149,36 +139,61 @@ class Proxied:
     stream: bool
     tried: set[int] = field(default_factory=set)
     attempts: int = 0                  # upstream attempts so far, retries and resumptions included
+    current: Upstream | None = None    # the upstream of the latest attempt
 
 
 class RouterState(UpstreamSet):
-    """Upstreams (``upstreams.py``), policy, limits and the HTTP client the endpoints share."""
+    """Upstreams (``upstreams.py``), policy, limits, the edge and the HTTP client the endpoints share."""
 
     def __init__(self, urls: list[str], policy: str = "round_robin", *, max_concurrent: int = 256,
                  max_queue: int = 256, queue_timeout: float = 30.0, max_attempts: int = 3,
                  poll_interval: float = DEFAULT_POLL_INTERVAL_S, health_timeout: float = DEFAULT_HEALTH_TIMEOUT_S,
                  upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT_S,
                  connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S, block_size: int = 16,
-                 tokenizer: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+                 tokenizer: str | None = None, edge: Edge | None = None,
+                 first_token_timeout: float = DEFAULT_FIRST_TOKEN_TIMEOUT_S,
+                 inter_token_timeout: float = DEFAULT_INTER_TOKEN_TIMEOUT_S, upstream_api_key: str | None = None,
+                 routing_prefix_chars: int = DEFAULT_ROUTING_PREFIX_CHARS):
         super().__init__(urls, poll_interval=poll_interval, health_timeout=health_timeout,
-                         upstream_timeout=upstream_timeout, connect_timeout=connect_timeout)
+                         upstream_timeout=upstream_timeout, connect_timeout=connect_timeout,
+                         first_token_timeout=first_token_timeout, inter_token_timeout=inter_token_timeout,
+                         upstream_api_key=upstream_api_key)
         self.policy = routers.get(policy)
         self.policy_name = policy
         self.needs_tokens = self.policy.uses_prompt_tokens or policy == "kv_aware"
+        self.prompts = RoutingPrompts(self.needs_tokens, routing_prefix_chars)
         self.admission = Admission(max_concurrent, max_queue, queue_timeout)
         self.max_attempts = max_attempts
         self.block_size = block_size
         self.tokenizer_name = tokenizer
-        self.tokens: Tokens | None = None
-        self.max_body_bytes = max_body_bytes
+        self.edge = edge if edge is not None else Edge(what="router")
+        self.edge.what = "router"
+        self.edge.count = lambda reason: self.metrics.rejected.labels(reason).inc()
         self.started = time.monotonic()
         # kv_aware: what was sent where, to estimate each upstream's prefix-cache hit.
         self._sent = {u.index: routers.TokenTree() for u in self.upstreams} if policy == "kv_aware" else {}
+
+    @property
+    def tokens(self) -> Tokens | None:
+        """The routing tokenizer (:class:`~minibatch.serving.routed.Tokens`), once started."""
+        return self.prompts.tokens
+
+    @tokens.setter
+    def tokens(self, value: Tokens | None) -> None:
+        self.prompts.tokens = value
 
     async def start(self) -> None:
         await super().start()
         if self.tokens is None:
             self.tokens = Tokens.for_model(self.tokenizer_name or self.first_model())
+
+    async def stop(self) -> None:
+        await super().stop()
+        self.prompts.close()
+
+    async def routed_request(self, body: dict, chat: bool) -> RoutedRequest:
+        """What the policy reads of this request (``routed.py``)."""
+        return await self.prompts.routed(body, chat)
 
     # -- routing ------------------------------------------------------------------------
     def choose(self, req: Proxied) -> Upstream | None:
@@ -193,30 +208,6 @@ class RouterState(UpstreamSet):
         views = [u.view(self.block_size, self._sent[u.index].match(tokens) if self._sent else 0) for u in cands]
         pos = self.policy.choose(req.routed, views, time.monotonic() - self.started)
         return cands[pos]
-
-    def routed_request(self, body: dict, chat: bool) -> RoutedRequest:
-        prompt = body.get("messages") if chat else body.get("prompt")
-        if not chat and isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
-        ids: list[int] | None = None
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            ids = list(prompt)
-            length = len(ids)
-        else:
-            if chat and isinstance(prompt, list):
-                text = "".join(f"{m.get('role')}: {m.get('content')}\n" for m in prompt if isinstance(m, dict))
-            else:
-                text = prompt if isinstance(prompt, str) else json.dumps(prompt)
-            if self.needs_tokens:
-                ids = (self.tokens or Tokens()).encode(text)
-                length = len(ids)
-            else:
-                length = len(text.encode("utf-8", "replace"))
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
-        user = body.get("user")
-        return RoutedRequest(prompt_len=max(length, 1), max_tokens=max_tokens if isinstance(max_tokens, int) else 16,
-                             prompt_token_ids=ids if self.needs_tokens else None, model=body["model"],
-                             tenant=user if isinstance(user, str) else None)
 
     def begin(self, u: Upstream, req: Proxied) -> None:
         n = req.routed.prompt_len
@@ -249,12 +240,18 @@ class RouterState(UpstreamSet):
                 on_attempt()
             first = False
             self.begin(u, req)
+            req.current = u
             try:
-                return u, await self.open(u, req, body)
+                resp = await self.open(u, req, body)
             except UpstreamFailed as e:
                 self.end(u, req)
                 self.failed(u, e)
                 last = e
+                continue
+            except BaseException:            # cancelled (a client gone, a stall): not in flight any more
+                self.end(u, req)
+                raise
+            return u, resp
         raise self.no_upstream(req, last)
 
     def no_upstream(self, req: Proxied, last: UpstreamFailed | None) -> APIError:
@@ -283,14 +280,19 @@ def build_app(state: RouterState) -> FastAPI:
 
     app = FastAPI(title="minibatch router", lifespan=lifespan)
     app.state.router = state
+    app.add_middleware(Guard, edge=state.edge)
 
     add_error_handlers(app, "router")
 
     @app.get("/health")
-    async def health():
+    async def health(request: Request):
+        """200 while an upstream is healthy. The upstreams' URLs and states only for a caller
+        with the API key (or when there is none): they name internal addresses."""
         ok = any(u.healthy for u in state.upstreams)
-        return JSONResponse({"status": "ok" if ok else "unavailable", "policy": state.policy_name,
-                             "upstreams": [u.describe() for u in state.upstreams]}, status_code=200 if ok else 503)
+        body: dict = {"status": "ok" if ok else "unavailable"}
+        if state.edge.authenticated(request.headers.get("authorization")):
+            body.update(policy=state.policy_name, upstreams=[u.describe() for u in state.upstreams])
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def metrics():
@@ -315,22 +317,14 @@ def build_app(state: RouterState) -> FastAPI:
         return APIError(status, message, param=param, code=code)
 
     async def read_json(request: Request) -> dict:
-        ctype = request.headers.get("content-type", "")
-        if ctype.split(";", 1)[0].strip().lower() != "application/json":
-            raise invalid(f"Content-Type must be application/json, got {ctype[:100]!r}", 415,
-                          code="unsupported_media_type")
-        raw = b""
-        async for piece in request.stream():
-            raw += piece
-            if len(raw) > state.max_body_bytes:
-                raise invalid(f"the request body is larger than the router's limit of {state.max_body_bytes} "
-                              "bytes", 413, code="request_too_large")
+        """The body (the edge's size and time limits; ``Content-Type`` was checked by the Guard),
+        parsed and checked as far as routing needs: JSON, valid Unicode, an object, a known model."""
+        raw = await state.edge.read_body(request)
         try:
-            body = json.loads(raw)
-        except RecursionError:
-            raise invalid("the request body is nested too deeply to parse") from None
-        except ValueError as e:
-            raise invalid(f"the request body is not valid JSON: {str(e)[:200]}") from None
+            body = load_body(raw)
+        except APIError:
+            state.metrics.rejected.labels("invalid").inc()
+            raise
         if not isinstance(body, dict):
             raise invalid("the request body must be a JSON object")
         model = body.get("model")
@@ -349,10 +343,12 @@ def build_app(state: RouterState) -> FastAPI:
     async def proxy(request: Request, chat: bool):
         body = await read_json(request)
         headers = {"Content-Type": "application/json"}
-        if "authorization" in request.headers:
+        if state.upstream_api_key:
+            headers["Authorization"] = f"Bearer {state.upstream_api_key}"
+        elif "authorization" in request.headers:
             headers["Authorization"] = request.headers["authorization"]
         req = Proxied(path=request.url.path, chat=chat, body=body, headers=headers,
-                      routed=state.routed_request(body, chat), stream=bool(body.get("stream")))
+                      routed=await state.routed_request(body, chat), stream=bool(body.get("stream")))
         try:
             await state.admission.acquire()
         except APIError:
@@ -369,31 +365,66 @@ def build_app(state: RouterState) -> FastAPI:
         try:
             if req.stream:
                 return await proxy_stream(req, release)
-            return await proxy_whole(req)
+            return await proxy_whole(req, request)
         finally:
             if not req.stream:
                 await release()
 
-    async def proxy_whole(req: Proxied):
-        """A non-streamed answer: retried elsewhere until one upstream gives a whole response."""
+    async def proxy_whole(req: Proxied, request: Request):
+        """A non-streamed answer: retried elsewhere until one upstream gives a whole response;
+        cancelled upstream if the client leaves; moved elsewhere if its upstream stalls."""
         def retried():
             state.metrics.retries.labels("retry").inc()
 
         while True:
-            u, resp = await state.send(req, req.body, retried)
+            attempt = asyncio.ensure_future(whole_attempt(req, retried))
             try:
-                data = await resp.read()
-            except asyncio.TimeoutError:
-                state.failed(u, UpstreamFailed("timeout", f"{u.url} did not finish its answer in time"))
+                status, ctype, data = await watch(attempt, req, request)
+            except ClientGone:
+                state.metrics.abandoned.inc()
+                return Response(status_code=499)      # nobody reads it (nginx's "client closed request")
+            except UpstreamFailed as e:
+                state.failed(e.upstream, e)
                 continue
-            except (aiohttp.ClientError, OSError) as e:
-                state.failed(u, UpstreamFailed("stream_cut", f"{u.url} cut its answer: {e}"))
-                continue
-            finally:
+            return Response(data, status_code=status, media_type=ctype.split(";")[0])
+
+    async def whole_attempt(req: Proxied, retried) -> tuple[int, str, bytes]:
+        u, resp = await state.send(req, req.body, retried)
+        ok = False
+        try:
+            data = await resp.read()
+            ok = True
+        except asyncio.TimeoutError:
+            raise _failed(u, "timeout", f"{u.url} did not finish its answer in time") from None
+        except (aiohttp.ClientError, OSError) as e:
+            raise _failed(u, "stream_cut", f"{u.url} cut its answer: {e}") from None
+        finally:
+            if ok:
                 resp.release()
-                state.end(u, req)
-            ctype = resp.headers.get("Content-Type", "application/json")
-            return Response(data, status_code=resp.status, media_type=ctype.split(";")[0])
+            else:
+                resp.close()                 # also when cancelled: the upstream sees it and aborts
+            state.end(u, req)
+        return resp.status, resp.headers.get("Content-Type", "application/json"), data
+
+    async def watch(attempt: asyncio.Future, req: Proxied, request: Request):
+        """``attempt``'s result, unless the client leaves (:class:`ClientGone`) or the upstream it
+        waits on stalls (:class:`UpstreamFailed`) first; then ``attempt`` is cancelled."""
+        try:
+            while True:
+                await asyncio.wait({attempt}, timeout=DISCONNECT_POLL_S)
+                if attempt.done():
+                    return attempt.result()
+                if await request.is_disconnected():
+                    raise ClientGone
+                u = req.current
+                if u is not None and state.stalled(u):
+                    raise _failed(u, "stall", f"{u.url} failed every health check for "
+                                              f"{state.inter_token_timeout:g} s (--inter-token-timeout)")
+        finally:
+            if not attempt.done():
+                attempt.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await attempt
 
     async def proxy_stream(req: Proxied, release):
         client_wants_ids = bool(req.body.get("return_token_ids"))
@@ -420,13 +451,19 @@ def build_app(state: RouterState) -> FastAPI:
         relay.want_ids = client_wants_ids
 
         async def on_close():
-            relay.close_attempt()
+            relay.close()
             await release()
 
         return RelayResponse(relay.events(), on_close, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
 
     return app
+
+
+def _failed(u: Upstream, kind: str, message: str) -> UpstreamFailed:
+    e = UpstreamFailed(kind, message)
+    e.upstream = u
+    return e
 
 
 # -- command line -----------------------------------------------------------------------------
@@ -440,15 +477,27 @@ def add_router_args(p: argparse.ArgumentParser, upstreams: bool = True) -> None:
                    help="requests in flight upstream before queueing (default: 256)")
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot before 429")
     p.add_argument("--queue-timeout", type=float, default=30.0, help="seconds a request may wait for a slot")
-    p.add_argument("--max-attempts", type=int, default=3, help="upstream attempts per request, retries and resumptions included (default: 3)")
+    p.add_argument("--max-attempts", type=int, default=3,
+                   help="upstream attempts per request (per choice once a stream's choices continue apart), "
+                        "retries and resumptions included (default: 3)")
     p.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL_S,
                    help="seconds between health and /metrics polls of each upstream")
     p.add_argument("--health-timeout", type=float, default=DEFAULT_HEALTH_TIMEOUT_S)
     p.add_argument("--upstream-timeout", type=float, default=DEFAULT_UPSTREAM_TIMEOUT_S,
-                   help="seconds an upstream may stay silent during an answer")
+                   help="seconds a non-streamed answer may take upstream")
+    p.add_argument("--first-token-timeout", type=float, default=DEFAULT_FIRST_TOKEN_TIMEOUT_S,
+                   help="seconds a stream may wait for its first event before it is retried elsewhere "
+                        f"(default: {DEFAULT_FIRST_TOKEN_TIMEOUT_S:g})")
+    p.add_argument("--inter-token-timeout", type=float, default=DEFAULT_INTER_TOKEN_TIMEOUT_S,
+                   help="seconds a stream may wait between events, and a non-streamed request's upstream may "
+                        f"fail its health checks, before the request moves elsewhere "
+                        f"(default: {DEFAULT_INTER_TOKEN_TIMEOUT_S:g})")
     p.add_argument("--tokenizer", default=None,
                    help="'tiny' or a local tokenizer directory for prompt tokens (default: the upstreams' "
                         "model if it is 'tiny' or a local directory, else UTF-8 bytes)")
+    p.add_argument("--routing-prefix-chars", type=int, default=DEFAULT_ROUTING_PREFIX_CHARS,
+                   help="characters of a text prompt tokenized for prefix_aware / kv_aware "
+                        f"(default: {DEFAULT_ROUTING_PREFIX_CHARS})")
     p.add_argument("--router-block-size", type=int, default=16, help="KV block size assumed for kv_aware")
 
 
@@ -458,33 +507,53 @@ def make_parser() -> argparse.ArgumentParser:
     add_router_args(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=env("MINIBATCH_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $MINIBATCH_API_KEY)")
+    p.add_argument("--api-key-scope", choices=["v1", "all"], default="v1",
+                   help="routes the API key covers: v1 (the /v1 API) or all (also /metrics, /docs, /redoc, "
+                        "/openapi.json; /health stays open, its details only with the key) (default: v1)")
+    p.add_argument("--upstream-api-key", default=None,
+                   help="the key sent to the upstreams, on polls and in place of the client's Authorization "
+                        "(default: --api-key)")
+    add_edge_args(p)
     p.add_argument("--uvicorn-log-level", default="warning",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     return p
 
 
-def state_from_args(args: argparse.Namespace, upstreams: list[str]) -> RouterState:
-    for name in ("max_concurrent_requests", "max_attempts"):
+def check_router_args(args: argparse.Namespace) -> None:
+    """``ValueError`` naming a bad router option."""
+    for name in ("max_concurrent_requests", "max_attempts", "routing_prefix_chars"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_queue < 0:
         raise ValueError("--max-queue must be >= 0")
-    for name in ("poll_interval", "health_timeout", "upstream_timeout", "queue_timeout"):
+    for name in ("poll_interval", "health_timeout", "upstream_timeout", "queue_timeout", "first_token_timeout",
+                 "inter_token_timeout"):
         if not getattr(args, name) > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive")
+
+
+def state_from_args(args: argparse.Namespace, upstreams: list[str]) -> RouterState:
+    check_router_args(args)
+    check_edge_args(args)
+    edge = edge_from_args(args, args.api_key, args.api_key_scope, "router")
     return RouterState(upstreams, args.policy, max_concurrent=args.max_concurrent_requests,
                        max_queue=args.max_queue, queue_timeout=args.queue_timeout, max_attempts=args.max_attempts,
                        poll_interval=args.poll_interval, health_timeout=args.health_timeout,
                        upstream_timeout=args.upstream_timeout, block_size=args.router_block_size,
-                       tokenizer=args.tokenizer)
+                       tokenizer=args.tokenizer, edge=edge, first_token_timeout=args.first_token_timeout,
+                       inter_token_timeout=args.inter_token_timeout,
+                       upstream_api_key=args.upstream_api_key or args.api_key,
+                       routing_prefix_chars=args.routing_prefix_chars)
 
 
 def make_server(state: RouterState, host: str, port: int, log_level: str = "warning"):
     import uvicorn
 
-    config = uvicorn.Config(build_app(state), host=host, port=port, log_level=log_level, timeout_keep_alive=5,
-                            timeout_graceful_shutdown=10)
-    return uvicorn.Server(config)
+    raise_open_files_limit()
+    return uvicorn.Server(uvicorn_config(build_app(state), host, port, state.edge, log_level=log_level,
+                                         timeout_graceful_shutdown=10))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -495,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"minibatch router: {args.policy} over {' '.join(u.url for u in state.upstreams)} on "
-          f"http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+          f"http://{args.host}:{args.port} (allowed hosts: {' '.join(sorted(state.edge.allowed_hosts))}"
+          f"{' and any IP address' if state.edge.any_ip_host else ''})", file=sys.stderr, flush=True)
     make_server(state, args.host, args.port, args.uvicorn_log_level).run()
     return 0

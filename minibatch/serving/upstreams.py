@@ -3,10 +3,23 @@
 Each :class:`Upstream` is one OpenAI-compatible server. :class:`UpstreamSet` (which the
 router's ``RouterState`` extends) checks every upstream's ``/health`` each
 ``--poll-interval`` seconds under ``--health-timeout`` and reads its Prometheus
-``/metrics`` (vLLM's names, :data:`POLLED`) and, until known, its ``/v1/models``. A failed
-check, or a connection error on a request, marks the upstream unhealthy: it gets no requests
-until a check succeeds again. :class:`Admission` bounds the router's own requests in flight
-and queued (429 beyond); :class:`RouterMetrics` is the router's ``/metrics`` page.
+``/metrics`` (vLLM's names, :data:`POLLED`) and, until known, its ``/v1/models``, sending
+``Authorization: Bearer KEY`` when it has the upstreams' key (``--upstream-api-key``; an
+upstream with ``--api-key-scope all`` answers ``/metrics`` only with it). A failed check, or
+a connection error or stall on a request, marks the upstream unhealthy: it gets no requests
+until a check succeeds again. :meth:`UpstreamSet.stalled`: an unhealthy upstream whose last
+successful check is older than ``--inter-token-timeout`` (a frozen process, for example),
+which the router treats as having dropped the requests it holds.
+
+:class:`Admission` bounds the router's own requests in flight and queued (429 beyond);
+:class:`RouterMetrics` is the router's ``/metrics`` page.
+
+The stall timeouts (``--first-token-timeout``, ``--inter-token-timeout``). A healthy upstream
+sends a stream's first event after the prompt's prefill and its wait in the queue, and the
+next ones a decode step apart (milliseconds to a second); the defaults,
+:data:`DEFAULT_FIRST_TOKEN_TIMEOUT_S` and :data:`DEFAULT_INTER_TOKEN_TIMEOUT_S`, are far
+above both and well below ``--upstream-timeout`` (which bounds a whole non-streamed answer),
+so that only an upstream that has stopped (frozen, partitioned, deadlocked) reaches them.
 """
 
 from __future__ import annotations
@@ -26,6 +39,8 @@ from minibatch.serving.protocol import APIError
 DEFAULT_POLL_INTERVAL_S = 0.5
 DEFAULT_HEALTH_TIMEOUT_S = 2.0
 DEFAULT_UPSTREAM_TIMEOUT_S = 300.0   # a silent gap (a whole answer, when not streamed)
+DEFAULT_FIRST_TOKEN_TIMEOUT_S = 120.0  # a stream's first event (queue + prefill)
+DEFAULT_INTER_TOKEN_TIMEOUT_S = 30.0   # between a stream's events; health checks of a non-streamed answer's upstream
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 RETRY_AFTER_S = 1
 POLLED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -102,13 +117,16 @@ class RouterMetrics:
         self.routed = Counter("minibatch_router_requests_routed", "Attempts sent to each upstream",
                               ["upstream"], registry=r)
         self.errors = Counter("minibatch_router_upstream_errors", "Failed attempts on each upstream, by kind "
-                              "(connect, status, timeout, stream_cut)", ["upstream", "kind"], registry=r)
+                              "(connect, status, timeout, stall, stream_cut)", ["upstream", "kind"], registry=r)
         self.retries = Counter("minibatch_router_retries", "Requests sent again elsewhere: retry (before the "
                                "first token) or resume (a stream cut mid-way)", ["kind"], registry=r)
         self.stream_errors = Counter("minibatch_router_stream_errors", "Streams ended with an error event "
                                      "(could not resume)", registry=r)
         self.rejected = Counter("minibatch_router_rejected", "Requests answered by the router itself, by "
-                                "reason (overload, invalid, no_upstream, upstream_failed)", ["reason"], registry=r)
+                                "reason (overload, invalid, no_upstream, upstream_failed; at the edge: host, "
+                                "unauthorized, media_type, too_large, timeout, connections)", ["reason"], registry=r)
+        self.abandoned = Counter("minibatch_router_abandoned", "Requests whose client went away before the "
+                                 "answer; their upstream request was cancelled", registry=r)
         self.healthy = Gauge("minibatch_router_upstream_healthy", "1 if the upstream is healthy",
                              ["upstream"], registry=r)
         self.up_in_flight = Gauge("minibatch_router_upstream_in_flight", "This router's requests in flight "
@@ -178,12 +196,17 @@ class UpstreamSet:
 
     def __init__(self, urls: list[str], *, poll_interval: float = DEFAULT_POLL_INTERVAL_S,
                  health_timeout: float = DEFAULT_HEALTH_TIMEOUT_S, upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT_S,
-                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S):
+                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+                 first_token_timeout: float = DEFAULT_FIRST_TOKEN_TIMEOUT_S,
+                 inter_token_timeout: float = DEFAULT_INTER_TOKEN_TIMEOUT_S, upstream_api_key: str | None = None):
         if not urls:
             raise ValueError("the router needs at least one --upstream URL")
         self.upstreams = [Upstream(i, u.rstrip("/")) for i, u in enumerate(urls)]
         self.poll_interval, self.health_timeout = poll_interval, health_timeout
         self.upstream_timeout, self.connect_timeout = upstream_timeout, connect_timeout
+        self.first_token_timeout, self.inter_token_timeout = first_token_timeout, inter_token_timeout
+        self.upstream_api_key = upstream_api_key
+        self.poll_headers = {"Authorization": f"Bearer {upstream_api_key}"} if upstream_api_key else {}
         self.metrics = RouterMetrics()
         self.session: aiohttp.ClientSession | None = None
         self._poller: asyncio.Task | None = None
@@ -226,14 +249,15 @@ class UpstreamSet:
     async def poll(self, u: Upstream) -> None:
         timeout = aiohttp.ClientTimeout(total=self.health_timeout)
         try:
-            async with self.session.get(f"{u.url}/health", timeout=timeout) as r:
+            h = self.poll_headers
+            async with self.session.get(f"{u.url}/health", timeout=timeout, headers=h) as r:
                 if r.status != 200:
                     raise UpstreamFailed("health", f"/health answered {r.status}")
-            async with self.session.get(f"{u.url}/metrics", timeout=timeout) as r:
+            async with self.session.get(f"{u.url}/metrics", timeout=timeout, headers=h) as r:
                 if r.status == 200:
                     self.apply_metrics(u, parse_metrics(await r.text()))
             if u.models is None or not u.healthy:
-                async with self.session.get(f"{u.url}/v1/models", timeout=timeout) as r:
+                async with self.session.get(f"{u.url}/v1/models", timeout=timeout, headers=h) as r:
                     if r.status == 200:
                         data = await r.json()
                         u.models = [m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
@@ -254,17 +278,23 @@ class UpstreamSet:
     def mark_unhealthy(self, u: Upstream, why: str) -> None:
         u.healthy, u.error = False, why
 
+    def stalled(self, u: Upstream) -> bool:
+        """Has ``u`` failed every health check for longer than ``inter_token_timeout``?"""
+        return not u.healthy and time.monotonic() - u.last_poll > self.inter_token_timeout
+
     def failed(self, u: Upstream, e: UpstreamFailed) -> None:
         self.metrics.errors.labels(u.url, e.kind).inc()
-        if e.kind in ("connect", "timeout"):
+        if e.kind in ("connect", "timeout", "stall"):
             self.mark_unhealthy(u, str(e))
 
     # -- one attempt ------------------------------------------------------------------------
     async def open(self, u: Upstream, req, body: dict) -> aiohttp.ClientResponse:
         """Send ``body`` to ``u`` (at ``req.path``, with ``req.headers``); the response if its status
         is < 500 and not 429, else raise :class:`UpstreamFailed`."""
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout,
-                                        sock_read=self.upstream_timeout)
+        # A stream's reads are bounded by the stall timeouts (its headers come before its first token).
+        read = (max(self.first_token_timeout, self.inter_token_timeout) if body.get("stream") is True
+                else self.upstream_timeout)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout, sock_read=read)
         try:
             resp = await self.session.post(f"{u.url}{req.path}", json=body, headers=req.headers, timeout=timeout)
         except asyncio.TimeoutError:
