@@ -108,6 +108,53 @@ def test_the_api_key_covers_the_routers_routes_and_health_hides_upstreams(scope)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
 
 
+def test_the_stall_deadline_counts_the_upstreams_silence_not_a_slow_client():
+    """``relay.sse_data``: an upstream event stream that pauses shorter than the inter-token
+    timeout, read by a client slower than it, is not cut; one that then stops is, with
+    ``asyncio.TimeoutError``, well before the test's deadline."""
+    import aiohttp
+    from aiohttp import web
+
+    from minibatch.serving.relay import sse_data
+
+    done = None
+
+    async def events(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(3):
+            await asyncio.sleep(0.2)
+            await resp.write(f"data: {i}\n\n".encode())
+        await asyncio.wait_for(done.wait(), DEADLINE_S)     # then silence, until the test is over
+        return resp
+
+    async def run():
+        nonlocal done
+        done = asyncio.Event()
+        app = web.Application()
+        app.router.add_get("/", events)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        got: list[str] = []
+        try:
+            async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/") as resp:
+                t0 = time.monotonic()
+                with pytest.raises(asyncio.TimeoutError):
+                    async for data in sse_data(resp, first_timeout=5, idle_timeout=1.0):
+                        got.append(data)
+                        await asyncio.sleep(1.5)            # a client slower than the idle timeout
+                return got, time.monotonic() - t0
+        finally:
+            done.set()
+            await runner.cleanup()
+
+    got, took = asyncio.run(asyncio.wait_for(run(), DEADLINE_S))
+    assert got == ["0", "1", "2"] and took < DEADLINE_S / 2
+
+
 # -- a router process, raw sockets -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def router(tmp_path_factory):

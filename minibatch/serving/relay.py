@@ -35,11 +35,9 @@ back however the stream ends (a client that leaves closes them: the upstreams th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -58,18 +56,44 @@ DONE = b"data: [DONE]\n\n"
 MERGE_QUEUE = 64            # events read ahead from continuations running side by side
 
 
-def _deadline(timeout: float | None):
-    """``asyncio.timeout`` (Python >= 3.11, no task per read), else nothing (then ``wait_for``)."""
-    if timeout is None or sys.version_info < (3, 11):
-        return contextlib.nullcontext()
-    return asyncio.timeout(timeout)
+class _Watchdog:
+    """A stream's stall deadline, armed lazily: reading an event only notes the time, and one
+    timer, re-armed when it fires early, closes the response once ``limit`` seconds pass
+    without an event (a per-read ``asyncio.timeout`` cost more than the rest of relaying an
+    event). The time the relay spends handing an event to a slow client does not count."""
 
+    def __init__(self, resp: aiohttp.ClientResponse, limit: float | None):
+        self.resp, self.limit = resp, limit
+        self.loop = asyncio.get_running_loop()
+        self.last = self.loop.time()
+        self.paused = False
+        self.expired = False
+        self.handle = None if limit is None else self.loop.call_at(self.last + limit, self._check)
 
-async def _readline(resp: aiohttp.ClientResponse, timeout: float | None) -> bytes:
-    if timeout is not None and sys.version_info < (3, 11):
-        return await asyncio.wait_for(resp.content.readline(), timeout)
-    async with _deadline(timeout):
-        return await resp.content.readline()
+    def _check(self) -> None:
+        now = self.loop.time()
+        if self.paused:
+            self.handle = self.loop.call_at(now + self.limit, self._check)
+        elif now >= self.last + self.limit:
+            self.expired = True
+            self.handle = None
+            self.resp.close()                # the pending read ends; sse_data raises TimeoutError
+        else:
+            self.handle = self.loop.call_at(self.last + self.limit, self._check)
+
+    def event(self, limit: float | None) -> None:
+        """An event arrived; from now on the deadline is ``limit`` after the latest one."""
+        self.last = self.loop.time()
+        if limit != self.limit:
+            self.cancel()
+            self.limit = limit
+            if limit is not None:
+                self.handle = self.loop.call_at(self.last + limit, self._check)
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
 
 async def sse_data(resp: aiohttp.ClientResponse, first_timeout: float | None = None,
@@ -78,19 +102,27 @@ async def sse_data(resp: aiohttp.ClientResponse, first_timeout: float | None = N
     ``asyncio.TimeoutError`` if the first event takes more than ``first_timeout`` seconds,
     or a later one more than ``idle_timeout`` after the previous one."""
     data: list[str] = []
-    timeout = first_timeout
-    while True:
-        raw = await _readline(resp, timeout)
-        if not raw:
-            return
-        line = raw.decode("utf-8").rstrip("\r\n")
-        if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-                timeout = idle_timeout
-        elif line.startswith("data:"):
-            data.append(line[6:] if line[5:6] == " " else line[5:])     # one leading space is dropped
+    dog = _Watchdog(resp, first_timeout)
+    try:
+        async for raw in resp.content:
+            line = raw.decode("utf-8").rstrip("\r\n")
+            if not line:
+                if data:
+                    dog.event(idle_timeout)
+                    dog.paused = True
+                    yield "\n".join(data)
+                    dog.paused = False
+                    dog.last = dog.loop.time()
+                    data = []
+            elif line.startswith("data:"):
+                data.append(line[6:] if line[5:6] == " " else line[5:])     # one leading space is dropped
+    except (aiohttp.ClientError, OSError):
+        if not dog.expired:
+            raise
+    finally:
+        dog.cancel()
+    if dog.expired:
+        raise asyncio.TimeoutError
 
 
 @dataclass
