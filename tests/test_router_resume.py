@@ -175,8 +175,8 @@ def test_abandoned_non_streamed_requests_are_cancelled_upstream(router, upstream
     body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "temperature": 0}
 
     async def give_up(c: httpx.AsyncClient):
-        with pytest.raises(httpx.TimeoutException):
-            await c.post(f"{router.url}/v1/completions", json=body, timeout=0.3)
+        with pytest.raises(httpx.ReadTimeout):      # sent in full, then no patience for the answer
+            await c.post(f"{router.url}/v1/completions", json=body, timeout=httpx.Timeout(WAIT_S, read=0.3))
 
     async def run():
         async with httpx.AsyncClient(limits=httpx.Limits(max_connections=20)) as c:
