@@ -11,8 +11,9 @@
   allow-list, the API key, body and header limits, the connection limit;
 - :mod:`.metrics`: the ``/metrics`` page (``prometheus_client``, vLLM's metric names);
 - :mod:`.router`: ``python -m minibatch router``, the app and its command line;
-  :mod:`.upstreams` (health, polled load, admission) and :mod:`.relay` (streams passed
-  through and resumed) are its parts; the routing classes are ``minibatch.routing``;
+  :mod:`.upstreams` (health, polled load, admission, stall timeouts), :mod:`.relay` (streams
+  passed through and resumed per choice) and :mod:`.routed` (what a router class reads of a
+  request) are its parts; the routing classes are ``minibatch.routing``;
 - :mod:`.replicas`: ``serve --replicas N``; :mod:`.faults`: fault injection;
   :mod:`.scrape`: an in-process engine's ``/metrics`` on its clock.
 
