@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import minibatch
+from minibatch.config import EngineConfig
 from minibatch.runner import run
 from minibatch.viz import md_table
 from minibatch.sim import make_cost_model
@@ -61,13 +62,18 @@ print("minibatch", minibatch.__version__)
 print(inspect.getsource(gamma_arrivals).split('    """')[0] + inspect.getdoc(gamma_arrivals))
 
 # %% [markdown]
-# 下面以同一个平均到达率（5 req/s）生成三条请求流：均匀一些的（$k=4$）、泊松（$k=1$）、突发的（$k=0.25$），
-# 测量它们的 CV 与 IoD，并与理论值 $1/\sqrt{k}$ 对比：
+# 下面以同一个平均到达率生成三条请求流：均匀一些的、泊松的、突发的：
+
+# %%
+RATE, N_STREAM = 5.0, 3000
+BURSTINESS = [4.0, 1.0, 0.25]
+streams = {k: synthetic(N_STREAM, RATE, burstiness=k, seed=3) for k in BURSTINESS}
+
+# %% [markdown]
+# 三条流各 {{N_STREAM}} 个请求，平均到达率都是 {{RATE:g}} req/s，$k$ 分别为 {{BURSTINESS[0]:g}}、{{BURSTINESS[1]:g}}（泊松）、
+# {{BURSTINESS[2]:g}}。测量它们的 CV 与 IoD，并与理论值 $1/\sqrt{k}$ 对比：
 
 # %% tags=["nbval-check-output"]
-RATE = 5.0
-BURSTINESS = [4.0, 1.0, 0.25]
-streams = {k: synthetic(3000, RATE, burstiness=k, seed=3) for k in BURSTINESS}
 rows = []
 for k, wl in streams.items():
     s = arrival_stats(wl.arrival_times)
@@ -93,7 +99,7 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# 左图三条曲线的平均高度相同，但 $k=0.25$ 的那条时而冲到很高、时而长时间为 0；右图是间隔的互补累积分布（CCDF），
+# 左图三条曲线的平均高度相同，但 $k={{BURSTINESS[-1]:g}}$ 的那条时而冲到很高、时而长时间一个请求都没有；右图是间隔的互补累积分布（CCDF），
 # 突发流里既有大量极短的间隔（请求扎堆），也有远长于均值的空档。对服务端而言，**平均到达率相同，突发流需要的排队缓冲和
 # 尾延迟完全不同**——3.4 节会给出定量关系。
 #
@@ -131,6 +137,8 @@ code, conv = (traces[f"Azure {n}"] for n in ("code", "conv"))
 pm_code = np.bincount(np.floor(code.arrival_times / 60).astype(int))
 pm_conv = np.bincount(np.floor(conv.arrival_times / 60).astype(int))
 cv_code, cv_conv = code.stats()["cv"], conv.stats()["cv"]
+
+# %% tags=["check"]
 assert (pm_code == 0).any() and cv_code > 5 * cv_conv, "the prose says the code trace is on/off and far burstier"
 assert round(cv_code, 2) == 13.15 and round(cv_conv, 2) == 1.09, "the prose says these match SOURCES.md"
 
@@ -154,7 +162,7 @@ assert round(cv_code, 2) == 13.15 and round(cv_conv, 2) == 1.09, "the prose says
 # 它几乎不需要任何假设：不管到达过程、服务时间分布、调度策略是什么，只要系统是稳定的（长期来看进多少、出多少），它就成立。
 # 对排队部分同样成立：$L_q = \lambda W_q$，$W_q$ 是平均排队时间（minibatch 的 `queue_delay`：从到达到第一次被调度）。
 #
-# 它的工程含义非常直接：**并发数 = 吞吐 × 延迟**。想以 10 req/s 服务平均 E2E 为 4 s 的请求，系统里平均就有 40 个请求在飞——
+# 它的工程含义非常直接：**并发数 = 吞吐 × 延迟**。想以 $\lambda$ req/s 服务平均 E2E 为 $W$ 秒的请求，系统里平均就有 $\lambda W$ 个请求在飞——
 # 连续批处理的 `max_num_seqs` 和 KV Cache 必须容得下它们；压测时用固定并发数（闭环，Closed-loop）发请求，
 # 吞吐就被“并发数/延迟”钉死（第 8 章）。
 #
@@ -176,13 +184,13 @@ step_mean = float(np.mean([st.duration for st in res.steps]))
 md_table(["quantity", "engine side: time average of num_running + num_waiting", "request side: lambda x mean E2E",
           "ratio"], [["requests in system L", f"{L:.2f}", f"{lam * s['e2e_mean']:.2f}", f"{L / (lam * s['e2e_mean']):.3f}"]])
 
-# %%
+# %% tags=["check"]
 assert abs(L / (lam * s["e2e_mean"]) - 1) < 0.05, "the prose says both sides agree"
 assert s["queue_delay_mean"] < 5 * step_mean, "the prose says the queueing time is of the order of a step"
 assert Lq < lam * s["queue_delay_mean"], "the prose says the step-end count underestimates L_q"
 
 # %% [markdown]
-# 这次运行中 $\lambda$ = {{lam:.2f}} req/s，平均 E2E 为 {{s['e2e_mean']:.2f}} s，所以系统里平均有约 {{lam * s['e2e_mean']:.0f}}
+# 这次运行有 {{little_wl.stats()['n']}} 个请求，$\lambda$ = {{lam:.2f}} req/s，平均 E2E 为 {{s['e2e_mean']:.2f}} s，所以系统里平均有约 {{lam * s['e2e_mean']:.0f}}
 # 个请求；引擎按步记录的时间平均给出几乎相同的数（微小差别来自：引擎只在每一步结束时记一次队列长度，而请求的到达与完成
 # 散落在步与步之间）。平均排队时间只有 {{s['queue_delay_mean'] * 1e3:.1f}} ms，与一步的平均时长（{{step_mean * 1e3:.1f}} ms）
 # 同一量级：在这个负载下，新请求只需等当前这一步算完就能加入批次，连续批处理几乎让它们“随到随算”。
@@ -212,35 +220,43 @@ assert Lq < lam * s["queue_delay_mean"], "the prose says the step-end count unde
 # 三个公式共享同一个因子 $\rho/(1-\rho)$：利用率从 50% 到 90%，它从 1 涨到 9；到 99% 是 99。**在单服务台上，“把 GPU 利用率
 # 拉满”与“低延迟”天然矛盾**；而到达与服务的波动（$C_a^2 + C_s^2$）会把这条曲线整体抬高。
 #
-# 在 minibatch 里可以精确地搭出一个单服务台队列：`serial` 策略一次只处理一个请求、先来先服务；再让每个请求只生成 1 个 Token
-# （`max_tokens=1`，只做预填充，像分类、打分或 Embedding 服务），于是每个请求的服务时间就是它那一次 Prefill 的耗时，
-# 由模拟器的成本模型给出。提示长度固定（1024 Token）时服务时间是常数，就是 M/D/1；提示长度服从对数正态分布时就是 M/G/1；
-# 再把到达换成突发的 Gamma 过程（$k=0.25$，$C_a^2=4$），就是 G/G/1。对一组目标利用率 $\rho$，我们用成本模型算出
-# $\mathbb{E}[S]$，据此设定到达率 $\lambda = \rho/\mathbb{E}[S]$，跑模拟，再把测得的平均排队时间与公式比较：
+# 在 minibatch 里可以精确地搭出一个单服务台队列：`serial` 策略一次只处理一个请求、先来先服务；再让每个请求只生成一个 Token
+# （只做预填充，像分类、打分或 Embedding 服务），于是每个请求的服务时间就是它那一次 Prefill 的耗时，由模拟器的成本模型给出。
+# 三种队列只差在提示长度的分布与到达过程：
+
+# %%
+cm = make_cost_model("llama-2-7b", "a100-80g")
+SERIAL = dict(**SIM, policy="serial", max_num_batched_tokens=4096)   # one whole prompt per step
+N_PK, OUT_PK = 1500, 1                                               # requests per run; tokens each generates
+FIXED_LEN, BURSTY_K = 1024, 0.25
+CASES = {  # name: (prompt length distribution, burstiness of arrivals)
+    "M/D/1": (fixed(FIXED_LEN), 1.0),
+    "M/G/1": (lognormal(median=512, sigma=1.0, max=4000), 1.0),
+    f"G/G/1 (k={BURSTY_K:g})": (lognormal(median=512, sigma=1.0, max=4000), BURSTY_K),
+}
+RHOS = [0.3, 0.5, 0.7, 0.85]
+
+# %% [markdown]
+# 每个请求生成 {{OUT_PK}} 个 Token（`max_tokens={{OUT_PK}}`）。提示长度固定（{{FIXED_LEN}} Token）时服务时间是常数，就是 M/D/1；
+# 提示长度服从对数正态分布时就是 M/G/1；再把到达换成突发的 Gamma 过程（$k={{BURSTY_K:g}}$，$C_a^2={{1 / BURSTY_K:g}}$），
+# 就是 G/G/1。对每个目标利用率 $\rho$（{{'、'.join(f'{r:g}' for r in RHOS)}}），我们用成本模型算出 $\mathbb{E}[S]$，
+# 据此设定到达率 $\lambda = \rho/\mathbb{E}[S]$，跑 {{N_PK}} 个请求的模拟，再把测得的平均排队时间与公式比较。
+# `serial` 策略就是这样一个单服务台：
 
 # %%
 print(inspect.getsource(minibatch.policies.serial.SerialPolicy))
 
 # %% tags=["nbval-check-output"]
-cm = make_cost_model("llama-2-7b", "a100-80g")
-SERIAL = dict(**SIM, policy="serial", max_num_batched_tokens=4096)   # one whole prompt per step
-N_PK = 1500
-CASES = {  # name: (prompt length distribution, burstiness of arrivals)
-    "M/D/1": (fixed(1024), 1.0),
-    "M/G/1": (lognormal(median=512, sigma=1.0, max=4000), 1.0),
-    "G/G/1 (k=0.25)": (lognormal(median=512, sigma=1.0, max=4000), 0.25),
-}
-RHOS = [0.3, 0.5, 0.7, 0.85]
 pk = {}
 rows = []
 mean_service = {}     # E[S] from the cost model, per length distribution (lengths do not depend on the rate)
 for name, (plen, k) in CASES.items():
     if repr(plen) not in mean_service:
-        lens = synthetic(N_PK, 1.0, input_len=plen, output_len=1, seed=7).prompt_lens
+        lens = synthetic(N_PK, 1.0, input_len=plen, output_len=OUT_PK, seed=7).prompt_lens
         mean_service[repr(plen)] = np.mean([cm.step_time([(int(n), int(n))], []) for n in lens])
     ES = mean_service[repr(plen)]
     for rho in RHOS:
-        wl = synthetic(N_PK, rho / ES, burstiness=k, input_len=plen, output_len=1, seed=7)
+        wl = synthetic(N_PK, rho / ES, burstiness=k, input_len=plen, output_len=OUT_PK, seed=7)
         r = run(wl, **SERIAL)
         S = np.array([q.finish_time - q.first_scheduled_time for q in r.requests])   # service times
         lam_m = wl.stats()["rate"]
@@ -273,9 +289,12 @@ plt.show()
 # %%
 md1, mg1, gg1 = (pk[n] for n in CASES)
 dev = {name: np.mean([abs(sim / th - 1) for _, sim, th, _, _ in pts]) for name, pts in pk.items()}
+GG1 = list(CASES)[-1]
+
+# %% tags=["check"]
 assert md1[-1][1] < mg1[-1][1] < gg1[-1][1], "the prose orders the waiting times at the highest load"
 assert gg1[0][1] > mg1[0][1], "the prose says bursty arrivals queue more at low load"
-assert dev["G/G/1 (k=0.25)"] > max(dev["M/D/1"], dev["M/G/1"]), "the prose says Kingman is off by more than P-K"
+assert dev[GG1] > max(dev["M/D/1"], dev["M/G/1"]), "the prose says Kingman is off by more than P-K"
 
 # %% [markdown]
 # M/D/1 与 M/G/1 的模拟值与 P-K 公式基本吻合（表中最后两列，平均相对偏差分别为 {{dev['M/D/1']:.0%}} 与
@@ -284,7 +303,7 @@ assert dev["G/G/1 (k=0.25)"] > max(dev["M/D/1"], dev["M/G/1"]), "the prose says 
 # （$C_s^2$ = {{mg1[-1][3]:.2f}}）时涨到 {{mg1[-1][1]:.1f}} 个；到达再变突发（$C_a^2$ = {{gg1[-1][4]:.1f}}）时是
 # {{gg1[-1][1]:.1f}} 个。低利用率下突发的影响更显眼：$\rho \approx$ {{gg1[0][0]:.2f}} 时，泊松到达只排队
 # {{mg1[0][1]:.2f}} 个服务时间，突发到达却要 {{gg1[0][1]:.2f}} 个——扎堆到达的请求即使在“平均很闲”的服务器上也要互相等待。
-# Kingman 公式只是近似（它在 $\rho \to 1$ 的重负载极限下才精确），它与模拟的平均相对偏差是 {{dev['G/G/1 (k=0.25)']:.0%}}，
+# Kingman 公式只是近似（它在 $\rho \to 1$ 的重负载极限下才精确），它与模拟的平均相对偏差是 {{dev[GG1]:.0%}}，
 # 明显大于 P-K 公式；而且突发到达下排队时间的样本均值收敛更慢，一次 {{N_PK}} 个请求、一个随机种子的运行本身就有可观的统计误差
 # （练习 3 换几个种子看看它有多大）。对 LLM 来说，服务时间由输入输出长度决定，长度分布越偏斜（第 1 章 1.5.3 节的长尾请求），
 # $C_s$ 越大——这正是后面的章节要用 SJF、分块预填充等手段削减的那一项。
@@ -299,20 +318,27 @@ assert dev["G/G/1 (k=0.25)"] > max(dev["M/D/1"], dev["M/G/1"]), "the prose says 
 # 拐点之前，延迟上升的主因是**批变大导致每一步变慢**（TPOT 上升，E2E 随之上升）；拐点之后，**KV Cache 或 `max_num_seqs`
 # 装满**，新请求开始排队，TTFT 急剧上升，而吞吐停在**饱和吞吐**上不再增长——此时多来的请求只会让队列无限变长。
 #
-# 下面固定负载形状（提示长度中位数 512、输出长度中位数 96 的对数正态分布，泊松到达），在模拟的 Llama-2-7B / A100-80GB
-# 上用 `max_num_seqs=256`、`max_num_batched_tokens=2048`（minibatch 的默认值，也是 vLLM v0.10.2 中 `vllm serve` 在
+# 下面固定负载形状（与 3.3 节相同：提示长度中位数 {{SHAPE['input_len'].median:.0f}}、输出长度中位数
+# {{SHAPE['output_len'].median:.0f}} 的对数正态分布，泊松到达），在模拟的 Llama-2-7B / A100-80GB
+# 上用 `max_num_seqs={{EngineConfig().max_num_seqs}}`、`max_num_batched_tokens={{EngineConfig().max_num_batched_tokens}}`
+# （minibatch 的默认值，也是 vLLM v0.10.2 中 `vllm serve` 在
 # A100 与显存小于 70 GiB 的卡上的默认值；同一版本的 `LLM` 类默认 8192 个 Token，H100 这类大显存卡上 `vllm serve` 默认
 # 1024 条序列、8192 个 Token——见 `vllm/engine/arg_utils.py` 的 `EngineArgs._set_default_args`）扫描请求速率。
-# 每个速率回放 600 个请求，按稳态统计（`RunResult.summary(trim=0.2)`：去掉到达时间跨度最前与最后的 20%，吞吐只数这段时间窗里
-# 完成的请求）；饱和吞吐取 KV Cache 用满之后各到达率下稳态请求吞吐的最大值。
+# 扫描的设置如下：
+
+# %%
+N_HS, TRIM = 600, 0.2                # requests per rate; share of the arrival span dropped at each end
+RATES = [3, 6, 9, 12, 15, 18, 24, 30]
+
+# %% [markdown]
+# 每个速率回放 {{N_HS}} 个请求，按稳态统计（`RunResult.summary(trim={{TRIM}})`：去掉到达时间跨度最前与最后的 {{TRIM:.0%}}，
+# 吞吐只数这段时间窗里完成的请求）；饱和吞吐取 KV Cache 用满之后各到达率下稳态请求吞吐的最大值。
 
 # %% tags=["nbval-check-output"]
-N_HS = 600
-RATES = [3, 6, 9, 12, 15, 18, 24, 30]
 sweep = {}
 for rate in RATES:
     r = run(synthetic(N_HS, rate, **SHAPE, seed=0), **SIM)
-    steady = r.summary(trim=0.2)
+    steady = r.summary(trim=TRIM)
     steady["mean_batch_size"] = r.summary()["mean_batch_size"]
     sweep[rate] = (steady, max(st.kv_usage for st in r.steps))
 # the saturation throughput: the most the server completes once the KV cache is full
@@ -348,7 +374,10 @@ lo, hi = sweep[RATES[0]][0], sweep[RATES[-1]][0]
 knee = next(r for r in RATES if sweep[r][1] >= 0.999)          # first rate that fills the KV cache
 before = RATES[RATES.index(knee) - 1]
 below = [r for r in RATES if r < knee]
-assert all(abs(sweep[r][0]["request_throughput"] / r - 1) < 0.1 for r in below), \
+TRACK = 0.1                                                     # throughput within this of the offered rate
+
+# %% tags=["check"]
+assert all(abs(sweep[r][0]["request_throughput"] / r - 1) < TRACK for r in below), \
     "the prose says throughput follows the offered rate before the knee"
 assert sweep[before][0]["tpot_p50"] > lo["tpot_p50"], "the prose says TPOT grows with the batch"
 assert sat["request_throughput"] < 0.9 * RATES[-1] and hi["ttft_p99"] > 10 * lo["ttft_p99"]
@@ -356,7 +385,7 @@ assert all(sweep[r][0]["request_throughput"] <= sat["request_throughput"] for r 
     "the prose says throughput stops growing past the knee"
 
 # %% [markdown]
-# 从 {{RATES[0]}} req/s 到 {{before}} req/s，稳态吞吐跟随到达率（误差在 10% 以内），TTFT p50 始终在
+# 从 {{RATES[0]}} req/s 到 {{before}} req/s，稳态吞吐跟随到达率（误差在 {{TRACK:.0%}} 以内），TTFT p50 始终在
 # {{lo['ttft_p50'] * 1e3:.0f}}–{{sweep[before][0]['ttft_p50'] * 1e3:.0f}} ms；但 E2E 已经在上升（TPOT p50 从
 # {{lo['tpot_p50'] * 1e3:.0f}} ms 涨到 {{sweep[before][0]['tpot_p50'] * 1e3:.0f}} ms）——这是批变大的代价。到 {{knee}} req/s，
 # KV Cache 第一次被用满，TTFT p99 跳到 {{sweep[knee][0]['ttft_p99']:.1f}} s；再往上，吞吐不再增长，停在饱和吞吐
@@ -369,13 +398,14 @@ assert all(sweep[r][0]["request_throughput"] <= sat["request_throughput"] for r 
 # %% [markdown]
 # ## 3.6 动手：到达率与突发度
 #
-# 下面的控件在同一个模拟服务器上重放 300 个请求（负载形状同 3.5 节）。拖动到达率与突发度 $k$（`burstiness`，
-# $C_a = 1/\sqrt{k}$），观察系统内请求数随时间的变化和 TTFT 的分布。建议试试：到达率固定在 9 req/s，把 $k$ 从 4 调到 0.1——
-# 平均负载没变，尾延迟却完全不同；再把到达率调过饱和吞吐，看队列如何一路上涨。
+# 下面的函数在同一个模拟服务器上重放一段负载（负载形状同 3.5 节），画出系统内请求数随时间的变化和 TTFT 的分布：
 
 # %% tags=["nbval-ignore-output"]
+N_EXPLORE, K_RANGE = 300, (0.1, 5.0)
+
+
 def explore(rate=9.0, burstiness=1.0):
-    wl = synthetic(300, rate, burstiness=burstiness, **SHAPE, seed=1)
+    wl = synthetic(N_EXPLORE, rate, burstiness=burstiness, **SHAPE, seed=1)
     r = run(wl, **SIM)
     s = r.summary()
     t = np.array([st.start_time for st in r.steps])
@@ -394,12 +424,25 @@ def explore(rate=9.0, burstiness=1.0):
     print(f"measured CV {wl.stats()['cv']:.2f} | throughput {s['request_throughput']:.2f} req/s | "
           f"TTFT p50/p99 {s['ttft_p50']:.3f}/{s['ttft_p99']:.2f} s | E2E p50/p99 {s['e2e_p50']:.2f}/{s['e2e_p99']:.2f} s")
 
+# %% [markdown]
+# 每次重放 {{N_EXPLORE}} 个请求。拖动到达率与突发度 $k$（`burstiness`，$C_a = 1/\sqrt{k}$，可调范围
+# {{K_RANGE[0]:g}}–{{K_RANGE[1]:g}}）。建议试试：到达率固定在 {{inspect.signature(explore).parameters['rate'].default:g}} req/s，
+# 把 $k$ 从 {{BURSTINESS[0]:g}} 调到 {{K_RANGE[0]:g}}——平均负载没变，尾延迟却完全不同；再把到达率调过饱和吞吐
+# （3.5 节测得 {{sat['request_throughput']:.1f}} req/s），看队列如何一路上涨。
 
+# %% tags=["nbval-ignore-output"]
 W.interact(explore,
            rate=W.FloatSlider(value=9.0, min=1.0, max=30.0, step=1.0, continuous_update=False,
                               description="rate (req/s)"),
-           burstiness=W.FloatLogSlider(value=1.0, base=10, min=-1, max=0.7, step=0.1, continuous_update=False,
+           burstiness=W.FloatLogSlider(value=1.0, base=10, min=np.log10(K_RANGE[0]), max=np.log10(K_RANGE[1]),
+                                       step=0.1, continuous_update=False,
                                        description="burstiness k"));
+
+# %% tags=["check"]
+# The exercises' settings, and the figures their hints quote.
+EX_RATES, EX_LOAD, EX_K, EX_WINDOW_S = [6, 12, 18], 0.7, [4, 1, 0.25, 0.1], 600
+conv_p50 = conv.stats()["input_p50"]
+assert conv_p50 > 1.5 * SHAPE["input_len"].median, "exercise 4 says the conv trace's prompts are far longer"
 
 # %% [markdown]
 # 想看一次运行“活”起来的样子，可以用 minibatch 的实时仪表盘 `minibatch.widgets.Dashboard(executor="sim", model="llama-2-7b",
@@ -408,7 +451,7 @@ W.interact(explore,
 # ## 本章小结
 #
 # - 请求流用到达率 $\lambda$ 和突发度刻画。泊松过程的间隔 CV 为 1；Gamma 到达的 CV 为 $1/\sqrt{k}$（即 `vllm bench serve --burstiness`）。
-#   真实 trace 可以极其突发（Azure code trace 的 CV 为 13），也可能接近泊松但速率漂移（Azure conv trace）。
+#   真实 trace 可以极其突发（Azure code trace 的 CV 为 {{cv_code:.0f}}），也可能接近泊松但速率漂移（Azure conv trace）。
 # - **Little 定律** $L=\lambda W$ 对任何稳定系统成立：并发数 = 吞吐 × 延迟。它把 `max_num_seqs`、KV 容量、压测并发数与延迟目标联系在一起。
 # - 单服务台上，排队时间正比于 $\frac{C_a^2+C_s^2}{2}\cdot\frac{\rho}{1-\rho}$：利用率趋近 1 时发散；到达越突发、
 #   服务时间（即请求长度）越不均匀，排队越严重。minibatch 的 `serial` 策略在模拟器上复现了 M/D/1、M/G/1 的 P-K 公式。
@@ -419,15 +462,15 @@ W.interact(explore,
 #
 # ## 练习
 #
-# 1. **Little 定律的另一面。** 用 3.3 节的负载，分别以 6、12、18 req/s 运行，计算 $\lambda\cdot$E2E 与引擎测得的平均
+# 1. **Little 定律的另一面。** 用 3.3 节的负载，分别以 {{'、'.join(map(str, EX_RATES))}} req/s 运行，计算 $\lambda\cdot$E2E 与引擎测得的平均
 #    `num_running`。当到达率超过饱和吞吐时，“系统稳定”这一前提不再成立，Little 定律还能用吗？用 `res.steps` 画出系统内
 #    请求数随时间的曲线来回答。
 # 2. **M/M/1。** 仿照 3.4 节，构造一个服务时间近似指数分布的单服务台：提示长度用 `minibatch.workload.empirical`
 #    从一组指数分布的样本中重采样。测得的 $C_s^2$ 是多少？为什么它小于提示长度本身的 CV²？（提示：Prefill 时间 ≈ 固定开销 + 与长度成正比的部分。）
-# 3. **突发度与尾延迟。** 在 3.5 节的设置下，固定到达率为饱和吞吐的 70%，比较 `burstiness` 为 4、1、0.25、0.1 时的
+# 3. **突发度与尾延迟。** 在 3.5 节的设置下，固定到达率为饱和吞吐的 {{EX_LOAD:.0%}}，比较 `burstiness` 为 {{'、'.join(f'{k:g}' for k in EX_K)}} 时的
 #    TTFT p99 与 E2E p99。用 Kingman 公式的 $(C_a^2+C_s^2)/2$ 因子定性解释你看到的趋势。
-# 4. **真实 trace 回放。** 用 `load_trace` 读入 Azure conv trace，取前 10 分钟（`time_window(0, 600)`），在模拟器里回放
-#    （注意它的提示长度比 3.5 节的负载长得多）。TTFT 随时间如何变化？与每分钟请求数的曲线对照。
+# 4. **真实 trace 回放。** 用 `load_trace` 读入 Azure conv trace，取前 {{EX_WINDOW_S // 60}} 分钟（`time_window(0, {{EX_WINDOW_S}})`），在模拟器里回放
+#    （注意它的提示长度比 3.5 节的负载长得多：中位数 {{conv_p50:.0f}} 对 {{SHAPE['input_len'].median:.0f}}）。TTFT 随时间如何变化？与每分钟请求数的曲线对照。
 # 5. **思考题。** 为什么对连续批处理的服务器，不能直接把 M/M/1 的 $\mu$ 取为“单个请求的服务速率”？
 #    如果把整个批看成一个服务台，它的服务率如何随队列长度变化？这类模型在排队论中叫什么？（提示：批量服务队列，Bulk-service Queue。）
 #
@@ -437,9 +480,9 @@ W.interact(explore,
 #    “长期平均”不存在，Little 定律只在一段时间窗内、并计入窗口两端还在系统里的请求时才成立。
 # 2. Prefill 时间 ≈ 固定开销 + 与长度成正比的部分：固定开销对每个请求都一样，它拉高了均值却不增加方差，
 #    所以服务时间的 $C_s^2$ 小于提示长度的 CV²。
-# 3. $k$ 越小，$C_a^2 = 1/k$ 越大，Kingman 的因子 $(C_a^2 + C_s^2)/2$ 越大，尾延迟越高；$k=0.1$ 时即使平均负载只有 70%，
+# 3. $k$ 越小，$C_a^2 = 1/k$ 越大，Kingman 的因子 $(C_a^2 + C_s^2)/2$ 越大，尾延迟越高；$k={{EX_K[-1]:g}}$ 时即使平均负载只有 {{EX_LOAD:.0%}}，
 #    也会出现长时间的排队。换几个 `seed` 重复，比较结果的波动——突发到达下需要更多的请求或种子才能得到稳定的均值。
-# 4. conv trace 的提示长度中位数在一千以上，预填充更重；TTFT 随每分钟请求数的起伏而起伏，速率高的几分钟排队明显。
+# 4. conv trace 的提示长度中位数是 {{conv_p50:.0f}}，预填充更重；TTFT 随每分钟请求数的起伏而起伏，速率高的几分钟排队明显。
 #    注意把超过模型 `max_model_len` 的请求去掉，或看 `summary()["rejected"]`。
 # 5. 连续批处理的服务率随批大小（也就是队列长度）增长，直到 `max_num_seqs` 或 KV 用尽；这类模型叫批量服务队列
 #    （Bulk-service Queue），或服务率依赖于状态的队列（State-dependent Service）。
