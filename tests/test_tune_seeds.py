@@ -79,3 +79,18 @@ def test_verdict_compares_the_seeds_ranges():
     a, b, c = (CapacityEstimate(p, (1, 2, 3)) for p in ((5.0, 5.5, 6.0), (3.0, 4.0, 4.5), (4.2, 4.8, 5.2)))
     assert tune.verdict(a, b) == "higher" and tune.verdict(b, a) == "lower"
     assert tune.verdict(a, c) == "overlap" and tune.verdict(c, b) == "overlap"
+
+
+def test_a_capacity_sweep_with_duration_s_runs_the_same_seconds_at_every_rate(workloads):
+    wl = workloads[1001]
+    rates = [2.0, 4.0, 8.0]
+    res = tune.sweep(wl, grid={"max_num_seqs": [32]}, slo=SLO, rates=rates, method="grid", duration_s=10.0,
+                     processes=1, model=SIM["model"], hardware=SIM["hardware"])
+    for rate in rates:
+        direct = run(tune.workload_at(wl, rate, 10.0), **SIM, max_num_seqs=32).summary(SLO, trim=0.1)
+        assert res.trials[0].probes[rate] == direct["slo_attainment"]
+    whole = tune.sweep(wl, grid={"max_num_seqs": [32]}, slo=SLO, rates=[8.0], method="grid", processes=1,
+                       model=SIM["model"], hardware=SIM["hardware"])
+    assert whole.trials[0].probes[8.0] == run(wl.with_rate(8.0), **SIM, max_num_seqs=32).summary(SLO, trim=0.1)["slo_attainment"]
+    with pytest.raises(ValueError, match="needs 801 requests"):
+        tune.sweep(wl, grid={"max_num_seqs": [32]}, slo=SLO, rates=[8.0], duration_s=100.0, processes=1)

@@ -142,8 +142,9 @@ def evaluate(job: tuple) -> dict:
     """Run ``workload`` (at ``rate`` if given) with ``engine_kwargs`` and summarize it under ``slo``."""
     from minibatch.runner import run
 
-    workload, rate, engine_kwargs, slo, trim, latency_metric = job
-    wl = workload if rate is None else workload.with_rate(rate)
+    workload, rate, engine_kwargs, slo, trim, latency_metric, *rest = job
+    duration_s = rest[0] if rest else None
+    wl = workload if rate is None else workload_at(workload, rate, duration_s)
     s = run(wl, **engine_kwargs).summary(slo, trim=trim)
     return {"goodput": s["goodput"], "attainment": s["slo_attainment"], "latency": s[latency_metric]}
 
@@ -168,11 +169,12 @@ def search_capacity(job: tuple) -> dict:
     ``floor`` is the ladder index of the best capacity known (-1: none); a configuration
     failing at ``floor + 1`` is pruned. Returns the probes ``{index: metrics}``, the capacity
     index (-1: even the lowest rate misses the target; None: pruned)."""
-    workload, rates, engine_kwargs, slo, trim, latency_metric, target, floor = job
+    workload, rates, engine_kwargs, slo, trim, latency_metric, target, floor, *rest = job
+    duration_s = rest[0] if rest else None
     probes: dict[int, dict] = {}
 
     def passes(i: int) -> bool:
-        probes[i] = evaluate((workload, rates[i], engine_kwargs, slo, trim, latency_metric))
+        probes[i] = evaluate((workload, rates[i], engine_kwargs, slo, trim, latency_metric, duration_s))
         return probes[i]["attainment"] >= target
 
     first = floor + 1
@@ -220,10 +222,12 @@ def parallel_map(fn, jobs: list, processes: int = 2, ray_address: str | None = N
 def sweep(workload, model: str = "llama-2-7b", hardware: str | None = "a100-80g", grid: dict | list | None = None,
           slo: dict | None = None, executor: str = "sim", processes: int = 2, ray_address: str | None = None,
           rates=None, target: float = 0.9, method: str = "grid", trim: float = 0.1,
-          latency_metric: str = "e2e_p90", **engine_kwargs) -> TuneResult:
+          latency_metric: str = "e2e_p90", duration_s: float | None = None, **engine_kwargs) -> TuneResult:
     """Sweep ``grid`` (default :data:`DEFAULT_GRID`; a dict, or a list of dicts for their union) under
     ``slo`` (required; seconds, e.g. ``{"ttft": 0.5, "tpot": 0.05}``); see the module docstring for the
-    two objectives."""
+    two objectives. With ``rates`` and ``duration_s``, every run replays ``duration_s`` seconds of the
+    workload's arrivals at each rate (its first requests, :func:`workload_at`) instead of the whole
+    workload rescaled (which lasts less the higher the rate)."""
     from minibatch.workload import Workload
 
     if not slo:
@@ -245,7 +249,9 @@ def sweep(workload, model: str = "llama-2-7b", hardware: str | None = "a100-80g"
     rates = sorted(float(r) for r in rates)
     if not rates or rates[0] <= 0:
         raise ValueError(f"rates must be positive request rates, got {rates!r}")
-    args = (workload, rates, slo, trim, latency_metric, target)
+    if duration_s is not None:
+        workload_at(workload, rates[-1], duration_s)          # enough requests for the top rate, before any run
+    args = (workload, rates, slo, trim, latency_metric, target, duration_s)
     if method == "grid":
         return _capacity_grid(configs, kwargs, args, processes, ray_address)
     return _capacity_bisect(configs, kwargs, args, processes, ray_address)
@@ -275,8 +281,8 @@ def _at_capacity(config, probes: dict, rates, index, target) -> Trial:
 
 
 def _capacity_grid(configs, kwargs, args, processes, ray_address):
-    workload, rates, slo, trim, latency_metric, target = args
-    jobs = [(workload, r, kw, slo, trim, latency_metric) for kw in kwargs for r in rates]
+    workload, rates, slo, trim, latency_metric, target, duration_s = args
+    jobs = [(workload, r, kw, slo, trim, latency_metric, duration_s) for kw in kwargs for r in rates]
     out = parallel_map(evaluate, jobs, processes, ray_address)
     trials = []
     for i, c in enumerate(configs):
@@ -289,7 +295,7 @@ def _capacity_grid(configs, kwargs, args, processes, ray_address):
 
 
 def _capacity_bisect(configs, kwargs, args, processes, ray_address):
-    workload, rates, slo, trim, latency_metric, target = args
+    workload, rates, slo, trim, latency_metric, target, duration_s = args
     width = 1 if ray_address is None and processes <= 1 else max(1, processes)
     trials: list[Trial] = []
     best: Trial | None = None
@@ -297,7 +303,7 @@ def _capacity_bisect(configs, kwargs, args, processes, ray_address):
     runs = 0
     for start in range(0, len(configs), width):
         chunk = list(range(start, min(start + width, len(configs))))
-        jobs = [(workload, rates, kwargs[i], slo, trim, latency_metric, target, floor) for i in chunk]
+        jobs = [(workload, rates, kwargs[i], slo, trim, latency_metric, target, floor, duration_s) for i in chunk]
         for i, o in zip(chunk, parallel_map(search_capacity, jobs, processes, ray_address)):
             runs += len(o["probes"])
             if o["index"] is None:
