@@ -4,9 +4,16 @@
 # Hugging Face 的 Text Generation Inference（TGI）把服务拆成两部分：一个 Rust 写的**路由器**（Router）接收 HTTP 请求、排队、
 # 决定每一次前向算哪些请求；若干 Python 的**模型分片**（Shard）只管执行路由器发来的 `prefill` 与 `decode` 调用。
 # 所以 TGI 的批处理策略几乎全在路由器的一个循环里：`backends/v3/src/backend.rs` 的 `batching_task`，以及它调用的
-# `backends/v3/src/queue.rs` 的 `State::next_batch`。本章读的是 TGI v3.3.7（2025-12-18 的标签）；这个标签的 README 已声明仓库进入
-# 维护模式（此前一周的 commit 34988476 “Maintenance mode”），只再接受小的修复。默认值来自 `launcher/src/main.rs` 的 `Args`，
-# 并发上限来自 `router/src/infer/mod.rs`。
+# `backends/v3/src/queue.rs` 的 `State::next_batch`。
+#
+# > **TGI 自 2025-12 起处于维护模式。** `huggingface/text-generation-inference` 仓库 `README.md` 顶部的 CAUTION 写着：
+# > “text-generation-inference is now in maintenance mode. Going forward, we will accept pull requests for minor bug fixes,
+# > documentation improvements and lightweight maintenance tasks.”并推荐改用 vLLM、SGLang 等引擎。这段话由 commit 55f7f7cb
+# > （PR #3344，2025-12-11）加入 `README.md`，同日的 commit 34988476（PR #3345）把同样的说明加到文档首页 `docs/source/index.md`。
+# > 本章读的 v3.3.7 是此后一周（2025-12-18）打的标签。新部署不宜再选 TGI；读它，是因为它的路由器把
+# > “何时停下解码、插入预填充”做成了两个显式的旋钮，这个取舍在任何引擎里都存在。
+#
+# 默认值来自 v3.3.7 `launcher/src/main.rs` 的 `Args`，并发上限来自 `router/src/infer/mod.rs`。
 #
 # TGI 的路由器有一个与 vLLM、TensorRT-LLM 都不同的习惯：不分块时，新请求的预填充**单独成一步**，正在解码的请求在这一步里全部停下；
 # 于是“什么时候停下解码、让等待的请求进来”成了要调的参数——`max_waiting_tokens` 与 `waiting_served_ratio`。
@@ -18,7 +25,7 @@
 # - 读懂 TGI 路由器的批处理循环：一次 `next_batch`、一次可能的预填充、一次解码，`waiting_tokens` 计数器怎样前进；
 # - 写出何时暂停解码做预填充的条件（`max_waiting_tokens`、`waiting_served_ratio`），以及 `next_batch` 的三个预算
 #   （`max_batch_prefill_tokens`、`max_batch_total_tokens`、`max_batch_size`），在手工构造的状态上验证；
-# - 在时间线上看到预填充造成的生成停顿（Generation Stall，第 11 章），并在稳态、3 个种子下量出两个参数对 TTFT、TPOT、ITL 尾部与吞吐的影响（不分块，即 TGI v2 的行为）；
+# - 在时间线上看到预填充造成的生成停顿（Generation Stall，第 11 章），并在稳态、多个种子下量出两个参数对 TTFT、TPOT、ITL 尾部与吞吐的影响（不分块，即 TGI v2 的行为）；
 # - 说清 TGI v3 的变化：分块默认打开，哪些参数因此失效，以及它在同一负载上的效果；
 # - 用 `max_concurrent_requests`（minibatch 的 `max_inflight_requests`）做背压：超载时拒绝请求（HTTP 429）与无界排队的对比；
 # - 在真实的 tiny 模型上验证：`tgi` 预设下贪心输出逐 Token 不变。
@@ -36,7 +43,7 @@ import numpy as np
 import torch
 
 import minibatch
-from minibatch import EngineConfig, LLMEngine, presets
+from minibatch import EngineConfig, LLMEngine, presets, tune
 from minibatch.policies import SchedulerState
 from minibatch.policies.tgi import TGIPolicy
 from minibatch.presets import tgi as tgi_launcher
@@ -50,12 +57,15 @@ from minibatch.workload import lognormal, synthetic
 SIM = dict(executor="sim", model="llama-2-7b", hardware="a100-80g", preset="tgi")   # this chapter's server
 V2 = dict(SIM, enable_chunked_prefill=False)            # TGI v2's behaviour: no prefill chunking
 TGI = presets.settings("tgi")
-CHAT_P = dict(prompt=512, output=128, sigma=0.6, rate=8.0, n=400)       # 16.3-16.5: chat load, Poisson arrivals
+DUR = 60.0                                              # seconds of arrivals in every measured run
+CHAT_P = dict(prompt=512, output=128, sigma=0.6, rate=8.0, n=int(8.0 * DUR) + 1)   # 16.3-16.5: chat load, Poisson arrivals
 CHAT = dict(input_len=lognormal(median=CHAT_P["prompt"], sigma=CHAT_P["sigma"], max=2048),
             output_len=lognormal(median=CHAT_P["output"], sigma=CHAT_P["sigma"], max=512))
 SEEDS, TRIM = [1, 2, 3], 0.2
-OVER_RATE, OVER_N = 20.0, 600                           # 16.6: an offered load above the server's capacity
+OVER_RATE = 20.0                                        # 16.6: an offered load above the server's capacity
+OVER_N = int(OVER_RATE * DUR) + 1
 SLO = {"ttft": 1.0, "tpot": 0.1}                        # per request, seconds
+CAP16 = dict(lo=6.0, hi=16.0, tol=0.1, target=0.9, trim=TRIM, duration_s=DUR, processes=2)   # 16.5: capacity, bisection
 LIMITS = [None, 128, 64, 32]                            # 16.6: max_concurrent_requests (None: no limit)
 STALL_WINDOW = 4.0                                      # 16.3: seconds of the timeline shown
 torch.set_num_threads(1)
@@ -166,11 +176,13 @@ cases = {"1 waiting, max_waiting_tokens=5": plans(1, max_waiting_tokens=5),
          "1 waiting, waiting_served_ratio=0.1": plans(1, max_waiting_tokens=5, waiting_served_ratio=0.1)}
 for name, (seq, reasons) in cases.items():
     print(f"{name:<38} {seq}   tgi_batch_concat: {reasons}")
+ex1 = plans(5, n_running=20, steps=16, max_waiting_tokens=8)          # exercise 1's answer
+ex5 = {b: plans(12, n_running=40, steps=16, prompt=600, budget=b, max_waiting_tokens=8) for b in (4096, 8192)}   # exercise 5
+
+# %% tags=["check"]
 assert cases["1 waiting, max_waiting_tokens=5"][0] == "DDDDPDDDDP", "four decodes, then the wait is exceeded"
 assert cases["3 waiting (= floor(10 x 0.3))"][0] == "PDPDPDPDPD", "enough requests wait: prefill, decode, prefill ..."
 assert cases["1 waiting, waiting_served_ratio=0.1"][0] == "PDPDPDPDPD", "floor(10 x 0.1) = 1 is enough"
-ex1 = plans(5, n_running=20, steps=16, max_waiting_tokens=8)          # exercise 1's answer
-ex5 = {b: plans(12, n_running=40, steps=16, prompt=600, budget=b, max_waiting_tokens=8) for b in (4096, 8192)}   # exercise 5
 assert ex5[4096][1] == {"wait_exceeded": 2} and set(ex5[8192][1]) == {"backpressure"}, "exercise 5's hint"
 
 # %% [markdown]
@@ -183,7 +195,7 @@ assert ex5[4096][1] == {"wait_exceeded": 2} and set(ex5[8192][1]) == {"backpress
 # ## 16.3 预填充让解码停顿
 #
 # 在模拟的 Llama-2-7B / A100-80G 上，用 TGI v2 的行为（不分块）跑一个聊天负载：提示词中位数 {{CHAT_P["prompt"]}}、输出中位数
-# {{CHAT_P["output"]}}（对数正态，$\sigma$ = {{CHAT_P["sigma"]}}），泊松到达，{{CHAT_P["rate"]}} req/s，{{CHAT_P["n"]}} 个请求。
+# {{CHAT_P["output"]}}（对数正态，$\sigma$ = {{CHAT_P["sigma"]}}），泊松到达，{{CHAT_P["rate"]}} req/s，{{DUR:.0f}} s 的到达（{{CHAT_P["n"]}} 个请求）。
 # 下图截取稳态中的 {{STALL_WINDOW:g}} 秒：上面是每一步的时长（红色是只做预填充的一步），下面是这一时刻正在解码的几个请求的 Token 时刻，
 # 每条竖线是一个 Token——红色区间里它们一个 Token 也不出：
 
@@ -278,8 +290,12 @@ md_table(["max_waiting_tokens", "waiting_served_ratio", "TTFT p50 (s)", "TTFT p9
 
 # %% tags=["nbval-check-output"]
 d = (20, 0.3)
+thr = [sw[c + ("throughput_tok_s",)] for c in CONFIGS]
+thr_gap = max(thr) / min(thr) - 1                       # how far apart the configurations' throughputs are
 print(f"default: TTFT p50 {sw[d + ('ttft_p50',)]:.2f} s, TPOT p50 {sw[d + ('tpot_p50',)] * 1e3:.1f} ms, "
-      f"ITL p99 {sw[d + ('itl_p99',)] * 1e3:.0f} ms, joins {reasons[d]}")
+      f"ITL p99 {sw[d + ('itl_p99',)] * 1e3:.0f} ms, joins {reasons[d]}; throughputs within {thr_gap:.1%}")
+
+# %% tags=["check"]
 assert sw[1, 0.3, "ttft_p50"] < sw[20, 0.3, "ttft_p50"] / 3, "small max_waiting_tokens: much lower TTFT"
 assert sw[1, 0.3, "tpot_p50"] > sw[20, 0.3, "tpot_p50"] > sw[50, 0.3, "tpot_p50"], "... at some cost in TPOT"
 assert sw[1, 0.3, "itl_p99"] < sw[20, 0.3, "itl_p99"], "more, smaller prefills: shorter stalls"
@@ -287,23 +303,22 @@ assert reasons[d]["backpressure"] < reasons[d]["wait_exceeded"] / 2, "by default
 assert reasons[50, 0.3]["backpressure"] > reasons[50, 0.3]["wait_exceeded"], "with a long wait the ratio takes over"
 assert sw[20, 0.05, "ttft_p50"] < sw[20, 0.3, "ttft_p50"] / 3, "a small ratio lets requests in early"
 assert sw[20, 1.2, "ttft_p50"] >= sw[20, 0.3, "ttft_p50"], "a large ratio only delays"
-assert max(sw[c + ("throughput_tok_s",)] for c in CONFIGS) < 1.05 * min(sw[c + ("throughput_tok_s",)] for c in CONFIGS), \
-    "every configuration keeps up with the load"
+assert thr_gap < 0.05, "every configuration keeps up with the load"
 
 # %% [markdown]
-# 读图与表（{{len(SEEDS)}} 个种子的中位数；每个配置的吞吐都在 {{min(sw[c + ("throughput_tok_s",)] for c in CONFIGS):.0f}}–{{max(sw[c + ("throughput_tok_s",)] for c in CONFIGS):.0f}} tok/s 之间，
-# 相差不到 5%，差别全在延迟上）：
+# 读图与表（{{len(SEEDS)}} 个种子的中位数；每个配置的吞吐都在 {{min(thr):.0f}}–{{max(thr):.0f}} tok/s 之间，
+# 相差 {{thr_gap:.1%}}，差别全在延迟上）：
 #
-# - **`max_waiting_tokens` 是主角。** 默认 {{TGI["max_waiting_tokens"]}} 时 TTFT 的中位数是 {{sw[20, 0.3, "ttft_p50"]:.2f}} s；降到 1（每次检查都允许插入），
+# - **`max_waiting_tokens` 是主角。** 默认 {{TGI["max_waiting_tokens"]}} 时 TTFT 的中位数是 {{sw[20, 0.3, "ttft_p50"]:.2f}} s；降到 {{MWT[0]}}（每次检查都允许插入），
 #   TTFT 降到 {{sw[1, 0.3, "ttft_p50"]:.2f}} s，代价是 TPOT 的中位数从 {{sw[20, 0.3, "tpot_p50"] * 1e3:.1f}} 升到 {{sw[1, 0.3, "tpot_p50"] * 1e3:.1f}} ms。
 #   ITL 的 p99 反而从 {{sw[20, 0.3, "itl_p99"] * 1e3:.0f}} 降到 {{sw[1, 0.3, "itl_p99"] * 1e3:.0f}} ms：等得越久，攒下的请求越多，
-#   那一次预填充越长，停顿越长；调到 1，稀少而长的停顿换成了频繁而短的停顿。调到 50，TPOT 最低（{{sw[50, 0.3, "tpot_p50"] * 1e3:.1f}} ms），
+#   那一次预填充越长，停顿越长；调到 {{MWT[0]}}，稀少而长的停顿换成了频繁而短的停顿。调到 {{MWT[-1]}}，TPOT 最低（{{sw[50, 0.3, "tpot_p50"] * 1e3:.1f}} ms），
 #   TTFT 的中位数升到 {{sw[50, 0.3, "ttft_p50"]:.2f}} s。
 # - **`waiting_served_ratio` 是安全阀。** 默认配置下，一次运行里约 {{reasons[d]["wait_exceeded"]}} 次插入是等够了 `max_waiting_tokens`
 #   （`wait_exceeded`），只有约 {{reasons[d]["backpressure"]}} 次是积压够多（`backpressure`）：泊松到达时，{{TGI["max_waiting_tokens"]}} 个解码步里很少攒到批大小的 {{TGI["waiting_served_ratio"]:.0%}}。
-#   `max_waiting_tokens` = 50 时情形反过来（{{reasons[50, 0.3]["backpressure"]}} 次对 {{reasons[50, 0.3]["wait_exceeded"]}} 次）：等待太久，
-#   积压先达到比例，多数插入改由比例条件触发。比例调到 0.05（几个请求就够），
-#   TTFT 降到 {{sw[20, 0.05, "ttft_p50"]:.2f}} s；调到 1.2，TTFT 为 {{sw[20, 1.2, "ttft_p50"]:.2f}} s，只是更晚插入。
+#   `max_waiting_tokens` = {{MWT[-1]}} 时情形反过来（{{reasons[50, 0.3]["backpressure"]}} 次对 {{reasons[50, 0.3]["wait_exceeded"]}} 次）：等待太久，
+#   积压先达到比例，多数插入改由比例条件触发。比例调到 {{WSR[0]:g}}（几个请求就够），
+#   TTFT 降到 {{sw[20, 0.05, "ttft_p50"]:.2f}} s；调到 {{WSR[-1]:g}}，TTFT 为 {{sw[20, 1.2, "ttft_p50"]:.2f}} s，只是更晚插入。
 #   它是为**突发**设计的：一下子来了一大批请求时不必等满 `max_waiting_tokens` 步（练习 2）。
 # - 比例条件还有一个容易忽略的前提：`next_batch` 要在 `max_batch_prefill_tokens` 之内**放得下** $\lfloor \rho\, n \rfloor$ 个请求，
 #   否则整批放回：批越大、提示越长，比例条件越难成立（练习 5 构造了一个放不下的例子）。
@@ -317,27 +332,57 @@ assert max(sw[c + ("throughput_tok_s",)] for c in CONFIGS) < 1.05 * min(sw[c + (
 # 每一轮都调用 `next_batch(None, None, max_batch_prefill_tokens − 当前批的 Token 数, …)`——`min_size` 与 `max_size` 都不再使用
 # （所以 `max_batch_size` 也不再限制加入），取到的请求与运行中的批**拼成一次前向**（最后一个请求按剩余预算切块），然后整批解码一次。
 # 编写本章时发现 minibatch 的 `tgi` 策略在分块模式下每一步都允许加入，而 `backend.rs` 在每次加入之后必定先解码一次；已修正，
-# 并在 `tests/test_tgi_rules.py` 中加了单元测试。把同一负载交给分块的 `tgi` 预设（v3 的默认），`max_waiting_tokens` 取 1 与 50：
+# 并在 `tests/test_tgi_rules.py` 中加了单元测试。把同一负载（同样 {{len(SEEDS)}} 个种子、每次 {{DUR:.0f}} s）交给分块的 `tgi` 预设（v3 的默认），
+# `max_waiting_tokens` 取 {{MWT[0]}} 与 {{MWT[-1]}}，与 16.4 节 v2 的默认配置逐个种子对比：
 
 # %% tags=["nbval-check-output"]
-v3 = {m: tgi_run(1, enable_chunked_prefill=True, max_waiting_tokens=m) for m in (1, 50)}
-s3 = {m: r.summary(trim=TRIM) for m, (r, _) in v3.items()}
-s2 = base.summary(trim=TRIM)
-for name, s in [("v2 (no chunking), defaults", s2), ("v3 (chunking), max_waiting_tokens=1", s3[1]),
-                ("v3 (chunking), max_waiting_tokens=50", s3[50])]:
-    print(f"{name:<38} TTFT p50 {s['ttft_p50']:.3f} s, TPOT p50 {s['tpot_p50'] * 1e3:.1f} ms, "
-          f"ITL p99 {s['itl_p99'] * 1e3:.0f} ms, {s['throughput_tok_s']:.0f} tok/s")
-print("v3 joins:", dict(v3[1][1].concat_reasons))
-assert s3[1] == s3[50], "with chunking max_waiting_tokens is ignored: identical runs"
-assert set(v3[1][1].concat_reasons) == {"chunking"}
-assert s3[1]["ttft_p50"] < s2["ttft_p50"] and s3[1]["itl_p99"] < s2["itl_p99"], "v3 beats v2 on TTFT and ITL here"
+v3 = {(m, seed): tgi_run(seed, enable_chunked_prefill=True, max_waiting_tokens=m) for m in (MWT[0], MWT[-1]) for seed in SEEDS}
+s3 = {k: r.summary(trim=TRIM) for k, (r, _) in v3.items()}
+s2 = {seed: sweep_runs[20, 0.3, seed][0].summary(trim=TRIM) for seed in SEEDS}     # v2 defaults, from 16.4
+ignored = all(s3[MWT[0], seed] == s3[MWT[-1], seed] for seed in SEEDS)
+md_table(["seed", "v2: TTFT p50 (s)", "v3: TTFT p50 (s)", "v2: ITL p99 (ms)", "v3: ITL p99 (ms)", "v2: TPOT p50 (ms)",
+          "v3: TPOT p50 (ms)"],
+         [[seed, f"{s2[seed]['ttft_p50']:.3f}", f"{s3[1, seed]['ttft_p50']:.3f}", f"{s2[seed]['itl_p99'] * 1e3:.0f}",
+           f"{s3[1, seed]['itl_p99'] * 1e3:.0f}", f"{s2[seed]['tpot_p50'] * 1e3:.1f}", f"{s3[1, seed]['tpot_p50'] * 1e3:.1f}"]
+          for seed in SEEDS])
+print(f"v3 with max_waiting_tokens 1 and 50 identical on every seed: {ignored}; v3 joins (seed 1):",
+      dict(v3[1, SEEDS[0]][1].concat_reasons))
+
+# %% tags=["check"]
+assert ignored and set(v3[1, SEEDS[0]][1].concat_reasons) == {"chunking"}, "with chunking max_waiting_tokens is ignored"
+assert all(s3[1, seed]["ttft_p50"] < s2[seed]["ttft_p50"] and s3[1, seed]["itl_p99"] < s2[seed]["itl_p99"]
+           for seed in SEEDS), "the prose: v3 beats v2 on TTFT and ITL on every seed"
 
 # %% [markdown]
-# 分块时 `max_waiting_tokens` 取 1 还是 50，两次运行的统计完全相同，所有加入都记在 `chunking` 名下。与 v2 的默认行为相比（种子 1），
-# TTFT 的中位数从 {{s2["ttft_p50"]:.2f}} s 降到 {{s3[1]["ttft_p50"]:.2f}} s，ITL 的 p99 从 {{s2["itl_p99"] * 1e3:.0f}} ms 降到
-# {{s3[1]["itl_p99"] * 1e3:.0f}} ms：新请求不必等 {{TGI["max_waiting_tokens"]}} 个解码步，也不会让整批停下一整步，因为预填充与解码共用一次前向，
-# 大小受 `max_batch_prefill_tokens` 限制。代价是这两个可以调的旋钮没有了；想让解码更平稳，只剩调小 `max_batch_prefill_tokens`
-# （每步的预填充块更小，第 11 章）。
+# 分块时 `max_waiting_tokens` 取 {{MWT[0]}} 还是 {{MWT[-1]}}，每个种子上两次运行的统计都完全相同，所有加入都记在 `chunking` 名下。与 v2 的默认行为相比，
+# **每个种子上** TTFT 的中位数与 ITL 的 p99 都更低（种子 {{SEEDS[0]}}：TTFT {{s2[SEEDS[0]]["ttft_p50"]:.2f}} → {{s3[1, SEEDS[0]]["ttft_p50"]:.2f}} s，
+# ITL p99 {{s2[SEEDS[0]]["itl_p99"] * 1e3:.0f}} → {{s3[1, SEEDS[0]]["itl_p99"] * 1e3:.0f}} ms）：新请求不必等 {{TGI["max_waiting_tokens"]}} 个解码步，
+# 也不会让整批停下一整步，因为预填充与解码共用一次前向，大小受 `max_batch_prefill_tokens` 限制。
+#
+# 一个到达率上的比较还不够：v3 的好处能换成多少**服务容量**？对两种行为、每个种子，在 {{CAP16["lo"]:g}}–{{CAP16["hi"]:g}} req/s 之间二分
+# （`tune.capacities`，每次 {{DUR:.0f}} s 的到达、`trim={{TRIM}}`，区间两端相差不到 {{CAP16["tol"]:.0%}} 为止），
+# 求 SLO（TTFT ≤ {{SLO["ttft"]:g}} s、TPOT ≤ {{SLO["tpot"] * 1e3:.0f}} ms，每个请求分别判断）达成率 ≥ {{CAP16["target"]:.0%}} 的最高到达率：
+
+# %% tags=["nbval-check-output"]
+cap_wl = {seed: synthetic(int(CAP16["hi"] * DUR) + 1, CHAT_P["rate"], **CHAT, seed=seed) for seed in SEEDS}
+BEHAVIOURS = {"v2 (no chunking)": dict(enable_chunked_prefill=False), "v3 (chunking)": dict(enable_chunked_prefill=True)}
+found = tune.capacities(cap_wl, list(BEHAVIOURS.values()), SLO, **CAP16, **SIM)
+caps = {name: f.estimate for name, f in zip(BEHAVIOURS, found)}
+md_table(["TGI behaviour", "capacity (req/s): median (min–max)", "per seed", "runs"],
+         [[name, f"{caps[name]:.1f}", " / ".join(f"{c:.1f}" for c in caps[name].per_seed), f.runs]
+          for name, f in zip(BEHAVIOURS, found)])
+v3_gain = caps["v3 (chunking)"].median / caps["v2 (no chunking)"].median - 1
+print(f"v3 vs v2: {tune.verdict(caps['v3 (chunking)'], caps['v2 (no chunking)'])} "
+      f"(median +{v3_gain:.0%}); offered load of 16.6 vs the v3 capacity: x{OVER_RATE / caps['v3 (chunking)'].median:.1f}")
+
+# %% tags=["check"]
+assert tune.verdict(caps["v3 (chunking)"], caps["v2 (no chunking)"]) == "higher", "the prose: v3 higher on every seed"
+assert OVER_RATE > 1.2 * caps["v3 (chunking)"].hi, "16.6's offered load is above the capacity on every seed"
+
+# %% [markdown]
+# v3 的容量是 {{caps["v3 (chunking)"]:.1f}} req/s，v2 是 {{caps["v2 (no chunking)"]:.1f}} req/s（中位数与最小–最大）：中位数高出 {{v3_gain:.0%}}，
+# 而且 v3 **最差的种子**也高于 v2 **最好的种子**，这个结论经得起种子的波动。代价是这两个可以调的旋钮没有了；
+# 想让解码更平稳，只剩调小 `max_batch_prefill_tokens`（每步的预填充块更小，第 11 章；练习 3）。
 #
 # ## 16.6 背压：`max_concurrent_requests`
 #
@@ -348,12 +393,13 @@ assert s3[1]["ttft_p50"] < s2["ttft_p50"] and s3[1]["itl_p99"] < s2["itl_p99"], 
 # “Having a low limit will refuse clients requests instead of having them wait for too long and is usually good to handle backpressure correctly.”
 #
 # minibatch 里它是 `max_inflight_requests`：`LLMEngine.add_request` 在排队与运行的请求已达上限时抛出 `Overloaded`，
-# 请求记为被拒绝（`rejected_reasons` 里的 `over max_inflight_requests`）。下面让到达率为 {{OVER_RATE}} req/s——高于这台服务器的能力——
-# 用 TGI v3 的默认配置（分块）比较上限 {{LIMITS}}（`None` 即不限；128 是 TGI 的默认）：
+# 请求记为被拒绝（`rejected_reasons` 里的 `over max_inflight_requests`）。下面让到达率为 {{OVER_RATE:g}} req/s——16.5 节量出的 v3 容量的
+# {{OVER_RATE / caps["v3 (chunking)"].median:.1f}} 倍，每个种子上都过载——用 TGI v3 的默认配置（分块）比较上限 {{LIMITS}}（`None` 即不限；
+# {{TGI["max_inflight_requests"]}} 是 TGI 的默认），{{len(SEEDS)}} 个种子、每个 {{DUR:.0f}} s 的到达：
 
 # %%
-over_wl = synthetic(OVER_N, OVER_RATE, **CHAT, seed=1)
-over = {lim: run(over_wl, **SIM, max_inflight_requests=lim) for lim in LIMITS}
+over_wl = {seed: synthetic(OVER_N, OVER_RATE, **CHAT, seed=seed) for seed in SEEDS}
+over = {lim: run(over_wl[SEEDS[0]], **SIM, max_inflight_requests=lim) for lim in LIMITS}     # seed 1, kept for the figure
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 3.4))
 for lim, color in zip(LIMITS, ("C3", "C0", "C2", "C4")):
     served = sorted((q.arrival_time, q.ttft) for q in over[lim].requests if q.ttft is not None)
@@ -361,7 +407,7 @@ for lim, color in zip(LIMITS, ("C3", "C0", "C2", "C4")):
     rej = np.sort([q.arrival_time for q in over[lim].requests if q.finish_reason == "rejected"])
     ax2.plot(rej, np.arange(1, len(rej) + 1), color=color, label=f"{lim}") if len(rej) else None
 ax1.set(xlabel="arrival time (s)", ylabel="TTFT of served requests (s)", yscale="log",
-        title=f"{OVER_RATE:g} req/s offered, TGI v3 defaults")
+        title=f"{OVER_RATE:g} req/s offered, TGI v3 defaults, seed {SEEDS[0]}")
 ax1.legend(fontsize=7, markerscale=4)
 ax1.grid(alpha=0.3, which="both")
 ax2.set(xlabel="arrival time (s)", ylabel="requests rejected (429), cumulative", title="what the limit turns away")
@@ -369,38 +415,58 @@ ax2.legend(fontsize=7)
 ax2.grid(alpha=0.3)
 fig.tight_layout()
 plt.show()
-so = {lim: over[lim].summary(slo=SLO, trim=TRIM) for lim in LIMITS}
-md_table(["max_concurrent_requests", "rejected", "served TTFT p50 (s)", "served TTFT p99 (s)", "TPOT p50 (ms)",
-          "output tok/s", "goodput (req/s)", "SLO attainment (all)"],
-         [[str(lim), f"{so[lim]['rejected'] / so[lim]['num_requests']:.0%}", f"{so[lim]['ttft_p50']:.2f}",
-           f"{so[lim]['ttft_p99']:.2f}", f"{so[lim]['tpot_p50'] * 1e3:.0f}", f"{so[lim]['throughput_tok_s']:.0f}",
-           f"{so[lim]['goodput']:.2f}", f"{so[lim]['slo_attainment']:.0%}"] for lim in LIMITS])
 
 # %% tags=["nbval-check-output"]
-first_half = [q.ttft for q in over[None].requests if q.arrival_time < OVER_N / OVER_RATE / 2]
-second_half = [q.ttft for q in over[None].requests if q.arrival_time >= OVER_N / OVER_RATE / 2]
+so = {(lim, SEEDS[0]): over[lim].summary(slo=SLO, trim=TRIM) for lim in LIMITS}
+rest = [(lim, seed) for seed in SEEDS[1:] for lim in LIMITS]
+so.update(zip(rest, tune.summaries([(over_wl[seed], {**SIM, "max_inflight_requests": lim}) for lim, seed in rest],
+                                   slo=SLO, trim=TRIM)))
+for (lim, seed), x in so.items():
+    x["rejected_share"] = x["rejected"] / x["num_requests"]
+
+
+def om(lim, key, fmt):
+    """Median over the seeds, with the seeds' min-max, of one summary key at one limit."""
+    v = [so[lim, seed][key] for seed in SEEDS]
+    return f"{np.median(v):{fmt}} ({min(v):{fmt}}–{max(v):{fmt}})"
+
+
+md_table(["max_concurrent_requests", "rejected", "served TTFT p50 (s)", "TPOT p50 (s)", "output tok/s", "goodput (req/s)"],
+         [[str(lim), om(lim, "rejected_share", ".0%"), om(lim, "ttft_p50", ".2f"), om(lim, "tpot_p50", ".3f"),
+           om(lim, "throughput_tok_s", ".0f"), om(lim, "goodput", ".2f")] for lim in LIMITS])
+first_half = [q.ttft for q in over[None].requests if q.arrival_time < DUR / 2]
+second_half = [q.ttft for q in over[None].requests if q.arrival_time >= DUR / 2]
 grow = float(np.median(second_half) / np.median(first_half))
-best = max(LIMITS[1:], key=lambda lim: so[lim]["goodput"])
-print(f"no limit: median TTFT {np.median(first_half):.2f} s (first half of arrivals) -> {np.median(second_half):.2f} s "
-      f"(second half); rejected (steady window): " + ", ".join(f"{lim}: {so[lim]['rejected']}" for lim in LIMITS[1:])
-      + f"; best goodput at {best}")
-assert so[None]["rejected"] == 0 and grow > 2, "without a limit the queue (and TTFT) keeps growing"
-assert so[128]["ttft_p50"] < so[None]["ttft_p50"] / 4, "with the limit, served requests wait far less"
-assert so[32]["rejected"] > so[64]["rejected"] > so[128]["rejected"] > 0, "a lower limit turns more away"
-assert so[64]["tpot_p50"] < so[128]["tpot_p50"], "the limit also caps the batch"
-assert min(so[128]["goodput"], so[64]["goodput"]) > max(so[None]["goodput"], so[32]["goodput"]), "goodput peaks in between"
-assert so[32]["throughput_tok_s"] < 0.85 * so[128]["throughput_tok_s"], "too low a limit leaves the GPU idle"
+med_o = {lim: {k: float(np.median([so[lim, seed][k] for seed in SEEDS])) for k in so[None, SEEDS[0]]
+               if isinstance(so[None, SEEDS[0]][k], (int, float))} for lim in LIMITS}
+peak = all(min(so[128, seed]["goodput"], so[64, seed]["goodput"]) > max(so[None, seed]["goodput"], so[32, seed]["goodput"])
+           for seed in SEEDS)
+print(f"no limit, seed {SEEDS[0]}: median TTFT {np.median(first_half):.2f} s (first half of arrivals) -> "
+      f"{np.median(second_half):.2f} s (second half); goodput peaks at 64-128 on every seed: {peak}")
+
+# %% tags=["check"]
+each = [{lim: so[lim, seed] for lim in LIMITS} for seed in SEEDS]
+assert all(x[None]["rejected"] == 0 for x in each) and grow > 2, "without a limit the queue (and TTFT) keeps growing"
+assert all(x[128]["ttft_p50"] < x[None]["ttft_p50"] / 4 for x in each), "with the limit, served requests wait far less"
+assert all(x[32]["rejected"] > x[64]["rejected"] > x[128]["rejected"] > 0 for x in each), "a lower limit turns more away"
+assert all(x[64]["tpot_p50"] < x[128]["tpot_p50"] for x in each), "the limit also caps the batch"
+assert peak, "the prose: goodput peaks in between, on every seed"
+assert min(x[128]["goodput"] for x in each) > max(x[64]["goodput"] for x in each), "the prose: 128 above 64, no overlap"
+assert all(x[32]["throughput_tok_s"] < 0.85 * x[128]["throughput_tok_s"] for x in each), "too low a limit leaves the GPU idle"
 
 # %% [markdown]
-# 不限时没有一个请求被拒绝，可 TTFT 一直在涨：前一半到达的请求 TTFT 中位数 {{np.median(first_half):.2f}} s，后一半
-# {{np.median(second_half):.2f}} s——这不是稳态，运行得越久越糟（表里“不限”那一行的延迟只说明它有多糟）。
-# 上限 128（TGI 的默认）时，稳态窗口里被拒绝的请求占 {{so[128]["rejected"] / so[128]["num_requests"]:.0%}}，被接受的请求 TTFT 的中位数只有
-# {{so[128]["ttft_p50"]:.2f}} s。上限越低拒绝得越多（64：{{so[64]["rejected"] / so[64]["num_requests"]:.0%}}；32：{{so[32]["rejected"] / so[32]["num_requests"]:.0%}}），
-# 而且因为“同时在处理”包括**运行中**的请求，上限也截住了批的大小：64 时 TPOT 的中位数从 {{so[128]["tpot_p50"] * 1e3:.0f}} 降到
-# {{so[64]["tpot_p50"] * 1e3:.0f}} ms；32 时批太小，吞吐只有 {{so[32]["throughput_tok_s"]:.0f}} tok/s（128 时 {{so[128]["throughput_tok_s"]:.0f}}），GPU 没有用满。
+# 每格是 {{len(SEEDS)}} 个种子（每个 {{DUR:.0f}} s 的到达）的中位数与最小–最大；下面说的每一条在**每个种子上**都成立。
+# 不限时没有一个请求被拒绝，可 TTFT 一直在涨：种子 {{SEEDS[0]}} 上，前一半到达的请求 TTFT 中位数 {{np.median(first_half):.2f}} s，后一半
+# {{np.median(second_half):.2f}} s——这是过载，运行得越久越糟（表里“不限”那一行的延迟只说明它有多糟，不是稳态值）。
+# 上限 {{LIMITS[1]}}（TGI 的默认）时，稳态窗口里被拒绝的请求占 {{om(128, "rejected_share", ".0%")}}，被接受的请求 TTFT 的中位数只有
+# {{om(128, "ttft_p50", ".2f")}} s。上限越低拒绝得越多（{{LIMITS[2]}}：{{om(64, "rejected_share", ".0%")}}；{{LIMITS[3]}}：{{om(32, "rejected_share", ".0%")}}），
+# 而且因为“同时在处理”包括**运行中**的请求，上限也截住了批的大小：{{LIMITS[2]}} 时 TPOT 的中位数从 {{med_o[128]["tpot_p50"] * 1e3:.0f}} 降到
+# {{med_o[64]["tpot_p50"] * 1e3:.0f}} ms；{{LIMITS[3]}} 时批太小，吞吐只有 {{med_o[32]["throughput_tok_s"]:.0f}} tok/s（{{LIMITS[1]}} 时 {{med_o[128]["throughput_tok_s"]:.0f}}），GPU 没有用满。
 # 以 SLO（TTFT ≤ {{SLO["ttft"]:g}} s、TPOT ≤ {{SLO["tpot"] * 1e3:.0f}} ms，每个请求分别判断）计的有效吞吐（Goodput）：不限
-# {{so[None]["goodput"]:.1f}} req/s，128 为 {{so[128]["goodput"]:.1f}}，64 为 {{so[64]["goodput"]:.1f}}，32 为 {{so[32]["goodput"]:.1f}} req/s——
-# 中间的上限最好。背压把“所有人都慢”变成“一部分人被明确拒绝、其余人按时服务”；被拒绝的客户端拿到 429，可以退避重试或转到别的副本（第 26 章）。
+# {{med_o[None]["goodput"]:.1f}} req/s，{{LIMITS[1]}} 为 {{med_o[128]["goodput"]:.1f}}，{{LIMITS[2]}} 为 {{med_o[64]["goodput"]:.1f}}，{{LIMITS[3]}} 为 {{med_o[32]["goodput"]:.1f}} req/s——
+# 中间的上限最好，而且在每个种子上都是如此；在这个负载上 {{LIMITS[1]}} 的有效吞吐最差的种子也高于 {{LIMITS[2]}} 最好的种子（两者的范围不重叠），
+# 最优的上限在哪里，练习 4 请你扫描。
+# 背压把“所有人都慢”变成“一部分人被明确拒绝、其余人按时服务”；被拒绝的客户端拿到 429，可以退避重试或转到别的副本（第 26 章）。
 # 上限该设多大，取决于服务器在 SLO 内能同时服务多少请求：太小让 GPU 闲着，太大就回到无界排队。
 #
 # ## 16.7 动手：路由器的旋钮
@@ -516,9 +582,9 @@ bench_real_server("TGI_BASE_URL", "TGI", "TGI_BENCH_ARGS")
 #   受 `max_batch_prefill_tokens`、`max_batch_total_tokens`（为每个请求预留输入加 `max_new_tokens`，从不抢占）与 `max_batch_size` 限制。
 # - 不分块（v2）时预填充单独成一步，正在解码的请求全部停下：`max_waiting_tokens`（默认 {{TGI["max_waiting_tokens"]}}）决定最多等几个解码步，
 #   `waiting_served_ratio`（默认 {{TGI["waiting_served_ratio"]}}）让积压够多时提前插入。调小它们降 TTFT、加 TPOT，调大则停顿更少更长、TTFT 更长
-#   （本章的扫描里吞吐相差不到 5%）。在泊松负载上默认的比例只触发少数插入（约 {{reasons[d]["backpressure"]}} 次，对等够步数的 {{reasons[d]["wait_exceeded"]}} 次）。
+#   （本章的扫描里吞吐相差 {{thr_gap:.1%}}）。在泊松负载上默认的比例只触发少数插入（约 {{reasons[d]["backpressure"]}} 次，对等够步数的 {{reasons[d]["wait_exceeded"]}} 次）。
 # - v3 默认分块：这两个参数（以及加入时的 `max_batch_size`）被忽略，新请求每轮与运行中的批拼成一次前向、随后解码一次；
-#   同一负载上 TTFT 与 ITL 尾部都比 v2 的默认好。
+#   同一负载上 TTFT 与 ITL 尾部在每个种子上都比 v2 的默认好，服务容量 {{caps["v3 (chunking)"]:.1f}} 对 {{caps["v2 (no chunking)"]:.1f}} req/s。
 # - `max_concurrent_requests`（默认 {{TGI["max_inflight_requests"]}}）是背压：超载时用 429 拒绝一部分请求，换来被接受请求的有界延迟与更高的有效吞吐；
 #   它同时限制了批的大小。
 # - 路由器只决定先后，不改变结果：贪心输出在所有变体下逐 Token 相同。
@@ -547,7 +613,7 @@ bench_real_server("TGI_BASE_URL", "TGI", "TGI_BENCH_ARGS")
 #    这正是 `launcher/src/main.rs` 帮助文本举的例子（12 个请求在等、批里只剩 10 个）。
 # 3. `tgi_run(1, enable_chunked_prefill=True, max_batch_prefill_tokens=B)`。预算越小，每次前向的预填充越少，ITL 尾部越小、TTFT 越大；
 #    三者都是“每次前向最多算多少个新 Token”的预算（TGI 还要减去当前批的 Token 数）。
-# 4. `run(over_wl, **SIM, max_inflight_requests=L).summary(slo=SLO, trim=TRIM)["goodput"]`。上限太小时 GPU 没有用满（吞吐低），
+# 4. `run(over_wl[seed], **SIM, max_inflight_requests=L).summary(slo=SLO, trim=TRIM)["goodput"]`（每个种子各一次，比中位数与范围）。上限太小时 GPU 没有用满（吞吐低），
 #    太大时排队让 TTFT 越过 SLO；最优值在服务器满足 SLO 时的并发数附近——Little 定律：并发 ≈ 到达率 × 停留时间。
 # 5. $\lfloor 0.3 \times 40 \rfloor = 12$，排队的请求数够了，但 12 个 600 Token 的提示要 7200 个 Token：预算 4096 时 `next_batch` 只放得下 6 个，
 #    凑不够 12 个就整批放回，序列是 `{{ex5[4096][0]}}`（{{ex5[4096][1]}}），等于比例条件不存在；预算 8192 时放得下，
