@@ -56,17 +56,20 @@ print("minibatch", minibatch.__version__)
 
 # %% tags=["nbval-check-output"]
 MODELS = ["llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "qwen3-0.6b"]
+MAX_LEN = 4096                       # a long sequence: the max_model_len used throughout this chapter
 
-print(f"{'model':<12} {'L':>3} {'H':>3} {'H_kv':>4} {'d':>4} {'KiB/token':>9} {'GiB per 4k seq':>14}")
+print(f"{'model':<12} {'L':>3} {'H':>3} {'H_kv':>4} {'d':>4} {'KiB/token':>9} {'GiB per seq':>12}")
 for name in MODELS:
     m = get_model_spec(name)
     by_hand = 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
     assert by_hand == m.kv_bytes_per_token
     print(f"{name:<12} {m.num_layers:>3} {m.num_heads:>3} {m.num_kv_heads:>4} {m.head_dim:>4} "
-          f"{by_hand / 1024:>9.0f} {by_hand * 4096 / GiB:>14.2f}")
+          f"{by_hand / 1024:>9.0f} {by_hand * MAX_LEN / GiB:>12.2f}")
 
 # %%
 m7, m13, m70, m8 = (get_model_spec(n) for n in ("llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b"))
+
+# %% tags=["check"]
 assert m8.kv_bytes_per_token < m7.kv_bytes_per_token and m70.kv_bytes_per_token < m13.kv_bytes_per_token, \
     "the prose says GQA makes the bigger models' KV per token smaller"
 
@@ -76,7 +79,7 @@ assert m8.kv_bytes_per_token < m7.kv_bytes_per_token and m70.kv_bytes_per_token 
 # {{m8.kv_bytes_per_token / m7.kv_bytes_per_token:.2f}} 倍；Llama-2-70B 参数是 13B 的
 # {{m70.num_params / m13.num_params:.1f}} 倍，但同样得益于 GQA，每个 Token 的 KV 反而只有 13B 的
 # {{m70.kv_bytes_per_token / m13.kv_bytes_per_token:.2f}} 倍。
-# 一条 4096 Token 的 Llama-2-13B 序列就要 {{m13.kv_bytes_per_token * 4096 / GiB:.2f}} GiB——
+# 表的最后一列是一条 {{MAX_LEN}} Token 的序列：一条这样的 Llama-2-13B 序列就要 {{m13.kv_bytes_per_token * MAX_LEN / GiB:.2f}} GiB——
 # KV Cache 与权重一样，是显存里的“大户”。
 
 # %% [markdown]
@@ -101,16 +104,15 @@ assert m8.kv_bytes_per_token < m7.kv_bytes_per_token and m70.kv_bytes_per_token 
 from minibatch.sim import RooflineCostModel
 
 print(inspect.getdoc(RooflineCostModel.kv_capacity_tokens))
+GPUS = ["a10", "a100-40g", "a100-80g", "h100"]
+TYPICAL = 1024                       # a typical request's prompt + output tokens
 
 # %% [markdown]
-# 下表对 7B / 13B / 70B 在 A10（24 GB）、A100（40 GB 与 80 GB）、H100（80 GB）上逐一计算。
-# 每格给出 KV 能容纳的 Token 数，以及两种口径的并发序列数：按 `max_model_len = 4096` **整段预留**时能放几条，
-# 以及按一条“典型”请求 1024 Token（输入加输出）**按需分配**时能放几条。放不下权重的组合标为 `does not fit`：
+# 下表对 7B / 13B / 70B 在 {{'、'.join(f'{g}（{get_hardware(g).memory_bytes / GiB:g} GiB）' for g in GPUS)}} 上逐一计算。
+# 每格给出 KV 能容纳的 Token 数，以及两种口径的并发序列数：按 `max_model_len = {{MAX_LEN}}` **整段预留**时能放几条，
+# 以及按一条“典型”请求 {{TYPICAL}} Token（输入加输出）**按需分配**时能放几条。放不下权重的组合标为 `does not fit`：
 
 # %% tags=["nbval-check-output"]
-GPUS = ["a10", "a100-40g", "a100-80g", "h100"]
-MAX_LEN, TYPICAL = 4096, 1024
-
 
 def capacity(model, gpu, tp=1):
     """(weights GiB per GPU, KV tokens, seqs at MAX_LEN, seqs at TYPICAL) or None if it does not fit."""
@@ -123,7 +125,7 @@ def capacity(model, gpu, tp=1):
 
 
 print(f"{'model':<12}" + "".join(f"{g:>24}" for g in GPUS))
-print(f"{'':<12}" + "".join(f"{'tokens / @4096 / @1024':>24}" for _ in GPUS))
+print(f"{'':<12}" + "".join(f"{f'tokens / @{MAX_LEN} / @{TYPICAL}':>24}" for _ in GPUS))
 for name in ["llama-2-7b", "llama-2-13b", "llama-2-70b"]:
     cells = []
     for g in GPUS:
@@ -142,12 +144,17 @@ for model, hw in [("llama-2-70b", "2xa100-80g"), ("llama-2-70b", "4xa100-80g"), 
     count, gpu = hw.split("x", 1)
     c = capacity(model, gpu, tp=int(count))
     print(f"{model} on {hw:<11}" + ("does not fit" if c is None else
-          f"weights {c[0]:5.1f} GiB/GPU, KV {c[1]:>9,} tokens, {c[2]:>3} seqs @4096, {c[3]:>4} @1024"))
+          f"weights {c[0]:5.1f} GiB/GPU, KV {c[1]:>9,} tokens, {c[2]:>3} seqs @{MAX_LEN}, {c[3]:>4} @{TYPICAL}"))
+
+# %% tags=["check"]
+assert all(capacity("llama-2-70b", g) is None for g in GPUS) and capacity("llama-2-13b", "a10") is None, \
+    "the prose says 70B fits on no single GPU and 13B not on an A10"
+assert capacity("llama-2-7b", "h100")[1] == capacity("llama-2-7b", "a100-80g")[1], "the prose: same memory, same KV"
 
 # %% [markdown]
 # 这张表说明三件事：第一，**同一张卡上，模型越大，留给 KV 的空间越少**，13B 在 A10 上连权重都放不下，
 # 在 A100-40G 上也只剩很少的 KV 空间——第 1 章的 RAG 案例把 13B 部署在 4 张 A10 上，正是张量并行的典型用法；
-# 第二，H100 与 A100-80G 显存容量相同，KV 容量也相同，H100 的优势在算力与带宽（第 2 章），不在容量；第三，并发序列数强烈依赖“每条序列按多长来算”——整段预留 `max_model_len` 与按实际长度分配，差距是数倍。
+# 第二，H100 与 A100-80G 显存容量相同，KV 容量也相同，H100 的优势在算力与带宽（第 2 章），不在容量；第三，并发序列数强烈依赖“每条序列按多长来算”——整段预留 `max_model_len`（{{MAX_LEN}}）与按 {{TYPICAL}} Token 分配，差距是 {{MAX_LEN // TYPICAL}} 倍。
 # 下一节就来看这个差距从哪里来。
 
 # %% [markdown]
@@ -158,7 +165,7 @@ for model, hw in [("llama-2-70b", "2xa100-80g"), ("llama-2-70b", "4xa100-80g"), 
 # 而注意力算子要求一条序列的 KV 在地址上连续。结果是：大多数请求远没有用满自己的预留。
 #
 # 用真实数据看一看。Azure LLM 推理公开数据集的对话（conv）轨迹（Splitwise, ISCA'24；随课程放在 `datasets/traces/`，来源与许可证见其中的 `SOURCES.md`）
-# 记录了每个请求的输入与输出 Token 数。假设每个请求都按 `max_model_len = 4096` 预留，实际用上的比例是多少？
+# 记录了每个请求的输入与输出 Token 数。假设每个请求都按 `max_model_len = {{MAX_LEN}}` 预留，实际用上的比例是多少？
 
 # %%
 conv = load_shipped_trace("azure_conv")
@@ -216,18 +223,26 @@ print(inspect.getsource(KVCacheManager.fragmentation_slots))
 # `kv_internal_waste`，最后一块里没写满的槽位）只是论文内部碎片的一小部分。本章只用论文的口径，
 # 这样才能与论文的 Figure 2 对照。
 #
-# **外部碎片从哪里来？** 下面直接用引擎的 `BlockPool` 做一个小实验：16 个块，依次为 A、B、C、D 连续分配
-# **大小不同**的 5、3、5、3 个块（正好占满），再释放 B 和 D。此时空闲块总数够一个 4 块的请求，但最长的一段连续空闲区间
-# 只有 3 块——这就是外部碎片：
+# **外部碎片从哪里来？** 下面直接用引擎的 `BlockPool` 做一个小实验：A、B、C、D 依次连续分配**大小不同**的几段块，
+# 正好占满池子，再释放 B 和 D，然后请求一段连续的块：
 
 # %%
-pool = BlockPool(16)
-runs = {name: pool.allocate_contiguous(n) for name, n in zip("ABCD", [5, 3, 5, 3])}
+SIZES, ASK = [5, 3, 5, 3], 4                 # A, B, C, D's reservations; the next request's
+pool = BlockPool(sum(SIZES))
+runs = {name: pool.allocate_contiguous(n) for name, n in zip("ABCD", SIZES)}
 pool.release(runs.pop("B"))
 pool.release(runs.pop("D"))
+free_blocks, longest = pool.num_free_blocks, pool.longest_free_run()
 print("held:", {k: f"blocks {v[0]}-{v[-1]}" for k, v in runs.items()}, " free:", sorted(pool.free_queue))
-print(f"{pool.num_free_blocks} free blocks, longest free run {pool.longest_free_run()}; "
-      f"4 contiguous blocks: {pool.allocate_contiguous(4)}; 4 blocks anywhere (paged): {pool.allocate(4)}")
+print(f"{free_blocks} free blocks, longest free run {longest}; "
+      f"{ASK} contiguous blocks: {pool.allocate_contiguous(ASK)}; {ASK} blocks anywhere (paged): {pool.allocate(ASK)}")
+
+# %% tags=["check"]
+assert free_blocks >= ASK > longest, "the prose says enough blocks are free, yet no run is long enough"
+
+# %% [markdown]
+# 池子有 {{sum(SIZES)}} 个块，四段预留分别是 {{'、'.join(map(str, SIZES))}} 块。释放 B 和 D 之后有 {{free_blocks}} 个空闲块，
+# 够一个 {{ASK}} 块的请求，但最长的一段连续空闲区间只有 {{longest}} 块——这就是外部碎片；按块分页则照样分得出来。
 
 # %% [markdown]
 # 如果所有预留**大小相同**（都按 `max_model_len`），外部碎片就不会出现：首次适配（First Fit）总把新预留放进
@@ -247,14 +262,20 @@ print(f"{pool.num_free_blocks} free blocks, longest free run {pool.longest_free_
 # | `kv_allocator="contiguous", contiguous_reserve="request"` | 一段 $\min(\text{prompt}+\text{max\_tokens}, \text{max\_model\_len})$ 的连续块，大小各不相同 | Orca (Oracle)：这里 `max_tokens` 就是真实输出长度 |
 # | `kv_allocator="paged"`（默认） | 按需一块一块地分配，位置任意 | vLLM |
 #
-# 实验设置：模拟器里的 Llama-2-7B 跑在一张 A10 上，`max_model_len = 4096`。负载用 `load_workload("chat")`
-# （按 Azure conv 轨迹的长度与到达统计拟合的对话负载）的前 120 个请求，其到达速率高于 A10 的处理能力。
+# 实验设置：
+
+# %%
+N_CHAT = 120
+wl = load_workload("chat", n=N_CHAT, max_len=MAX_LEN)
+SETUP = dict(executor="sim", model="llama-2-7b", hardware="a10", max_model_len=MAX_LEN)
+
+# %% [markdown]
+# 模拟器里的 Llama-2-7B 跑在一张 A10 上，`max_model_len = {{MAX_LEN}}`。负载用 `load_workload("chat")`
+# （按 Azure conv 轨迹的长度与到达统计拟合的对话负载）的前 {{N_CHAT}} 个请求，其到达速率高于 A10 的处理能力。
 # 比较的是**满负荷的那段时间**：下面只统计有请求在排队的 step（按时长加权），去掉最后队列排空、池子渐渐变空的收尾阶段。
 # 模拟器是确定性的，每次运行结果完全相同。
 
 # %%
-wl = load_workload("chat", n=120, max_len=MAX_LEN)
-SETUP = dict(executor="sim", model="llama-2-7b", hardware="a10", max_model_len=MAX_LEN)
 ALLOCATORS = {"contiguous, max_model_len": dict(kv_allocator="contiguous"),
               "contiguous, per request": dict(kv_allocator="contiguous", contiguous_reserve="request"),
               "paged": dict(kv_allocator="paged")}
@@ -298,6 +319,8 @@ for name, row in table.items():
 cm, cr, p = (table[n] for n in ALLOCATORS)
 per_req = math.ceil(MAX_LEN / BS)                       # blocks in one max_model_len reservation
 remainder = r0.kv_blocks_total % per_req
+
+# %% tags=["check"]
 assert cm["external"] == 0 and cr["external"] > 0, "the prose says only different-size reservations fragment externally"
 assert cm["internal"] > cr["internal"] > p["internal"], "the prose orders internal fragmentation so"
 assert cm["tokens"] < cr["tokens"] < p["tokens"], "the prose orders the token-state shares so"
@@ -305,7 +328,7 @@ assert p["batch"] > cm["batch"] and p["tok_s"] > cm["tok_s"], "the prose says pa
 assert results["contiguous, max_model_len"].summary()["num_preemptions"] == 0 < p["preempt"]
 
 # %% [markdown]
-# 按 `max_model_len` 连续预留时，池子看起来很满，但其中 {{cm['internal']:.0%}} 是内部碎片（每个请求都占着 4096 个
+# 按 `max_model_len` 连续预留时，池子看起来很满，但其中 {{cm['internal']:.0%}} 是内部碎片（每个请求都占着 {{MAX_LEN}} 个
 # Token 的位置，实际只用到一小部分），真正存放 Token 的只有 {{cm['tokens']:.0%}}；外部碎片为 0——预留大小都相同。
 # {{r0.kv_blocks_total}} 个块只够 {{r0.kv_blocks_total // per_req}} 段 {{per_req}} 块的预留，剩下的 {{remainder}} 块
 # 是取整余量，落在 `free` 一列里。平均每步只能跑 {{cm['batch']:.1f}} 条序列。
@@ -357,7 +380,7 @@ for ax, (name, r) in zip(axes, results.items()):
 axes[0].set_ylabel("% of KV pool slots")
 axes[1].legend(loc="lower center", fontsize=7)
 axes[0].legend(loc="lower center", fontsize=7)
-fig.suptitle("llama-2-7b on A10, max_model_len=4096: where the KV cache goes (vLLM §3 taxonomy)", fontsize=11)
+fig.suptitle(f"llama-2-7b on A10, max_model_len={MAX_LEN}: where the KV cache goes (vLLM §3 taxonomy)", fontsize=11)
 fig.tight_layout()
 plt.show()
 
@@ -402,6 +425,20 @@ widgets.interact(
     gpu_memory_utilization=widgets.FloatSlider(value=0.9, min=0.5, max=0.98, step=0.01),
 );
 
+# %% tags=["check"]
+# The exercises' settings, and the figures their hints quote.
+mis, qw = get_model_spec("mistral-7b"), get_model_spec("qwen2.5-7b")
+assert mis.head_dim == qw.head_dim == m7.head_dim and mis.dtype_bytes == qw.dtype_bytes == m7.dtype_bytes
+assert mis.num_layers == m7.num_layers, "hint 1 says Mistral-7B and Llama-2-7B have as many layers"
+EX_LEN = MAX_LEN // 2
+chat_len = float((wl.prompt_lens + wl.output_lens).mean())
+assert chat_len < EX_LEN, "hint 3 says the chat requests are shorter than the smaller reservation"
+EX_FREE, EX_SAME = "AB", ASK                 # exercise 4: release A and B; every reservation this size
+ab = [b for name, n in zip("ABCD", SIZES) for b in [name] * n]          # which reservation holds each block
+ab_free = [i for i, name in enumerate(ab) if name in EX_FREE]
+assert ab_free == list(range(len(ab_free))) and len(ab_free) >= ASK, "hint 4: A and B free one run of blocks"
+EX5_PROMPT, EX5_OUT = 1000, 1500             # exercise 5: a workload that makes paging preempt a lot
+
 # %% [markdown]
 # ## 本章小结
 #
@@ -423,25 +460,28 @@ widgets.interact(
 #    说出差异来自公式里的哪一项。
 # 2. 如果把 KV Cache 量化为 FP8（`dtype_bytes=1`），A10 上 Llama-2-13B 的 KV 容量变成多少？
 #    `make_cost_model("llama-2-13b", "a10", dtype_bytes=1)` 会把权重也按 1 字节计算，想一想这与“只量化 KV”有何不同。
-# 3. 在 6.4 的实验中把 `max_model_len` 改成 2048（负载用 `load_workload("chat", n=120, max_len=2048)`），
+# 3. 在 6.4 的实验中把 `max_model_len` 改成 {{EX_LEN}}（负载用 `load_workload("chat", n={{N_CHAT}}, max_len={{EX_LEN}})`），
 #    重新比较三种分配方式。按 `max_model_len` 预留的劣势变大还是变小？为什么？
-# 4. 在 `BlockPool` 的外部碎片小实验里，改为释放 A 和 B（而不是 B 和 D）。现在能分出 4 个连续块吗？
-#    外部碎片与分配、释放的顺序有什么关系？如果四个预留都是 4 块，还会出现外部碎片吗？
+# 4. 在 `BlockPool` 的外部碎片小实验里，改为释放 A 和 B（而不是 B 和 D）。现在能分出 {{ASK}} 个连续块吗？
+#    外部碎片与分配、释放的顺序有什么关系？如果四个预留都是 {{EX_SAME}} 块，还会出现外部碎片吗？
 # 5. （思考）连续预分配从不抢占，分页分配会抢占。设计一个负载，使分页分配的抢占代价大到抵消它的批大小优势，
 #    并用模拟器验证。
 #
 # <details><summary>提示与参考答案</summary>
 #
-# 1. 三者头维度都是 128、bf16；Mistral-7B 与 Llama-2-7B 都是 32 层，Mistral 用 GQA（8 个 KV 头），KV 字节数是
-#    Llama-2-7B 的 8/32；Qwen2.5-7B 只有 4 个 KV 头、28 层，是 (4/32)·(28/32)。差别主要在 $H_{kv}$ 一项。
+# 1. 三者头维度都是 {{m7.head_dim}}、每个元素 {{m7.dtype_bytes}} 字节；Mistral-7B 与 Llama-2-7B 都是 {{m7.num_layers}} 层，
+#    Mistral 用 GQA（{{mis.num_kv_heads}} 个 KV 头），KV 字节数是 Llama-2-7B 的 {{mis.num_kv_heads}}/{{m7.num_kv_heads}}；
+#    Qwen2.5-7B 只有 {{qw.num_kv_heads}} 个 KV 头、{{qw.num_layers}} 层，是
+#    ({{qw.num_kv_heads}}/{{m7.num_kv_heads}})·({{qw.num_layers}}/{{m7.num_layers}})。差别主要在 $H_{kv}$ 一项。
 #    `get_model_spec(name).kv_bytes_per_token` 直接给出结果。
-# 2. 两处都减半：权重从约 24 GiB 变成约 12 GiB（放得下了），每 Token 的 KV 也减半，所以容量远不止翻倍。
-#    只量化 KV 时权重仍是 2 字节，13B 在 24 GB 的 A10 上依然放不下——量化 KV 救不了放不下的权重。
-# 3. 变小：预留只有 2048 Token，每个请求的内部碎片（预留减去实际长度）少了一半，并发的预留段数翻倍。
-#    `chat` 负载的平均长度约 1400 Token，离 2048 更近，Token 状态的占比随之上升。
-# 4. 释放 A（0–4）与 B（5–7）后，空闲块 0–7 连成一段，4 个连续块分得出来：外部碎片取决于哪些预留相邻地被释放。
-#    若所有预留都是 4 块，任何一个被释放的空洞都恰好容纳一个新预留，不会出现外部碎片（见 6.4 节）。
-# 5. 让请求的输出很长且长度接近（例如 `output_len=fixed(1500)`、提示 1000 Token），并同时到达：分页分配会先接纳很多请求，
+# 2. 两处都减半：权重从约 {{m13.weight_bytes / GiB:.0f}} GiB 变成约 {{m13.weight_bytes / GiB / 2:.0f}} GiB（放得下了），每 Token 的 KV 也减半，所以容量远不止翻倍。
+#    只量化 KV 时权重仍是 {{m13.dtype_bytes}} 字节，13B 在 {{get_hardware('a10').memory_bytes / GiB:g}} GiB 的 A10 上依然放不下——量化 KV 救不了放不下的权重。
+# 3. 变小：预留只有 {{EX_LEN}} Token，每个请求的内部碎片（预留减去实际长度）少了一大截，并发的预留段数翻倍。
+#    `chat` 负载的平均长度约 {{chat_len:.0f}} Token，离 {{EX_LEN}} 更近，Token 状态的占比随之上升。
+# 4. 释放 A（块 0–{{SIZES[0] - 1}}）与 B（块 {{SIZES[0]}}–{{SIZES[0] + SIZES[1] - 1}}）后，空闲块 0–{{ab_free[-1]}} 连成一段，
+#    {{ASK}} 个连续块分得出来：外部碎片取决于哪些预留相邻地被释放。
+#    若所有预留都是 {{EX_SAME}} 块，任何一个被释放的空洞都恰好容纳一个新预留，不会出现外部碎片（见 6.4 节）。
+# 5. 让请求的输出很长且长度接近（例如 `output_len=fixed({{EX5_OUT}})`、提示 {{EX5_PROMPT}} Token），并同时到达：分页分配会先接纳很多请求，
 #    KV 用尽后反复抢占并重算长前缀（`num_preemptions` 很大），吞吐可能低于连续预留；对比 `preemption_mode="swap"`
 #    或 `admission="guaranteed_no_evict"`（第 12 章）。
 #
