@@ -25,6 +25,8 @@ os.environ["TRITON_INTERPRET"] = "1"   # before any Triton kernel module is impo
 
 import inspect
 import math
+import re
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -33,6 +35,7 @@ from IPython import get_ipython
 from IPython.display import display
 
 from minibatch import LLMEngine, SamplingParams
+import minibatch.kernels
 from minibatch.executor import ModelExecutor
 from minibatch.kernels import triton_decode
 from minibatch.kernels.reference import paged_decode_attention_ref
@@ -78,17 +81,18 @@ src = inspect.getsource(ModelExecutor.prepare)
 print("\n".join(line for line in src.splitlines() if "slots.append" in line or "slots.extend" in line))
 
 # %% [markdown]
-# 用真实的 tiny 模型跑一个小实验：KV 池只有 32 个块、每块 8 个 Token，先放入 4 个长度不同的请求，跑几步之后
+# 用真实的 tiny 模型跑一个小实验：一个很小的 KV 池，先放入几个长度不同的请求，跑几步之后
 # 让其中一个结束、再来一个新请求，观察块表如何变得“不连续”。（引擎开启了前缀缓存，7.4 节会用到。）
 
 # %%
-eng = LLMEngine(model="tiny", clock="virtual", num_kv_blocks=32, block_size=8, enable_prefix_caching=True)
+NUM_BLOCKS, BLOCK, FIRST_STEPS = 32, 8, 7
+eng = LLMEngine(model="tiny", clock="virtual", num_kv_blocks=NUM_BLOCKS, block_size=BLOCK, enable_prefix_caching=True)
 rng = np.random.default_rng(0)
 prompts = {f"R{i}": rng.integers(5, 4000, n).tolist() for i, n in enumerate([13, 30, 9, 21])}
 max_tokens = {"R0": 6, "R1": 24, "R2": 30, "R3": 12}
 for rid, ids in prompts.items():
     eng.add_request(ids, SamplingParams(temperature=0.0, max_tokens=max_tokens[rid], ignore_eos=True), request_id=rid)
-for _ in range(7):
+for _ in range(FIRST_STEPS):
     eng.step()
 prompts["R4"] = rng.integers(5, 4000, 27).tolist()          # R0 has finished: its blocks are free again
 eng.add_request(prompts["R4"], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), request_id="R4")
@@ -113,14 +117,17 @@ def contiguous(table):
 
 
 scattered = ", ".join(rid for rid in prompts if eng.kv.block_table(rid) and not contiguous(eng.kv.block_table(rid)))
-assert scattered, "the prose says some block tables are not contiguous"
-assert eng.requests["R0"].is_finished and not eng.kv.block_table("R0"), "the prose says R0 has finished"
 live = {rid: eng.kv.block_table(rid) for rid in prompts if eng.kv.block_table(rid)}
 display(diagrams.block_tables(live, {rid: eng.requests[rid].num_computed_tokens for rid in live},
                               eng.kv.block_size, eng.kv.num_blocks, figsize=(10, 3.6)))
 
+# %% tags=["check"]
+assert scattered, "the prose says some block tables are not contiguous"
+assert eng.requests["R0"].is_finished and not eng.kv.block_table("R0"), "the prose says R0 has finished"
+
 # %% [markdown]
-# 上图左边是每个请求的逻辑块（按块表顺序，浅色填充的部分是已写入的槽位），右边是它们在物理 KV 池里的位置。
+# 这个 KV 池只有 {{NUM_BLOCKS}} 个块、每块 {{BLOCK}} 个 Token；先放入的 {{len(max_tokens)}} 个请求跑了 {{FIRST_STEPS}} 步之后，
+# R0 已经结束，这时 R4 到达。上图左边是每个请求的逻辑块（按块表顺序，浅色填充的部分是已写入的槽位），右边是它们在物理 KV 池里的位置。
 # 块表 {{scattered}} 在物理上都不连续：每条序列写满一块才申请下一块，几条序列交替增长，
 # 它们的块自然交错在一起。已结束的 R0 的块回到了空闲队列的**末尾**（它们写满的块还留在前缀缓存里，
 # 后面的图中标为 cached），所以空闲队列先交出从未用过的块——R4 拿到的是 {{eng.kv.block_table('R4')}}。
@@ -161,7 +168,7 @@ print("executor's slot_mapping:", seen["slots"])
 print("computed by hand equal :", by_hand == seen["slots"])
 
 # %% [markdown]
-# 把 KV 池画出来：每个格子是一个块，块内的 8 个小格是槽位，颜色表示属于哪个请求，浅红色是末块里尚未写入的槽位
+# 把 KV 池画出来：每个格子是一个块，块内的 {{B}} 个小格是槽位，颜色表示属于哪个请求，浅红色是末块里尚未写入的槽位
 # （内部碎片），灰白是空闲块，浅蓝是已释放、但内容仍登记在前缀缓存里的块（cached）。`minibatch.viz.kv_block_map` 直接读取引擎的块表：
 
 # %%
@@ -180,7 +187,7 @@ display(kv_block_map(eng, columns=16, figsize=(9, 2.4)))
 # 在 ShareGPT 负载上 16–128 的块大小表现最好。vLLM 不设 `--block-size` 时在 CUDA 上取 16（vLLM v0.9.2：
 # `vllm/config.py` 中 `CacheConfig.block_size` 默认为空，由 `vllm/platforms/cuda.py` 的 `check_and_update_config` 设为 16）。
 #
-# 在模拟器里扫一遍块大小：Llama-2-7B 跑在 A10 上（KV 紧张，浪费的每个槽位都会挤掉并发），400 个短请求一次性到达。
+# 在模拟器里扫一遍块大小：Llama-2-7B 跑在 A10 上（KV 紧张，浪费的每个槽位都会挤掉并发），一批短请求一次性到达。
 # 注意模拟器的代价模型（Cost Model）**不**模拟块大小对内核效率的影响（它按读写的字节数计时），
 # 所以这里的吞吐变化只来自显存浪费；小块在真实 GPU 上的内核开销需要第 17 章的基准测试来测。
 
@@ -189,6 +196,7 @@ short = synthetic(400, float("inf"), input_len=lognormal(median=100, sigma=0.8, 
                   output_len=lognormal(median=100, sigma=0.8, max=1024), seed=7)
 lengths = short.prompt_lens + short.output_lens
 BLOCK_SIZES = [1, 8, 16, 32, 64, 128, 256]
+VLLM_DEFAULT = 16                    # vLLM's default block size on CUDA (cited above)
 sweep = {}
 for bs in BLOCK_SIZES:
     s = run(short, executor="sim", model="llama-2-7b", hardware="a10", block_size=bs).summary()
@@ -224,39 +232,39 @@ ax2.set_title("llama-2-7b on A10: throughput vs block size", fontsize=10)
 ax2.grid(alpha=0.3)
 plt.show()
 
-# %%
-w16, w256 = sweep[16], sweep[256]
+# %% tags=["check"]
+w16, w256 = sweep[VLLM_DEFAULT], sweep[BLOCK_SIZES[-1]]
 assert w256["waste"] > w16["waste"] and w256["batch"] < w16["batch"] and w256["tok_s"] < w16["tok_s"], \
     "the prose says big blocks waste more, shrink the batch and the throughput"
-assert sweep[1]["waste"] == 0, "the prose says block size 1 wastes nothing"
+assert sweep[BLOCK_SIZES[0]]["waste"] == 0, "the prose says the smallest block size wastes nothing"
 
 # %% [markdown]
-# 块大小 16 时，末块浪费只占池子的 {{w16['waste']:.1%}}，每条序列的块表平均 {{w16['entries']:.0f}} 项；
-# 块大小 256 时浪费升到 {{w256['waste']:.0%}}，平均批大小从 {{w16['batch']:.1f}} 降到 {{w256['batch']:.1f}}，
-# 吞吐从 {{w16['tok_s']:.0f}} 降到 {{w256['tok_s']:.0f}} tokens/s。而块大小 1 虽然没有任何浪费，
-# 块表却长到每条序列 {{sweep[1]['entries']:.0f}} 项——在真实 GPU 上，这会让内核每次只读一个 Token 的 KV。
+# {{len(short)}} 个请求一次性到达。块大小 {{VLLM_DEFAULT}} 时，末块浪费只占池子的 {{w16['waste']:.1%}}，每条序列的块表平均
+# {{w16['entries']:.0f}} 项；块大小 {{BLOCK_SIZES[-1]}} 时浪费升到 {{w256['waste']:.0%}}，平均批大小从 {{w16['batch']:.1f}}
+# 降到 {{w256['batch']:.1f}}，吞吐从 {{w16['tok_s']:.0f}} 降到 {{w256['tok_s']:.0f}} tokens/s。而块大小 {{BLOCK_SIZES[0]}}
+# 虽然没有任何浪费，块表却长到每条序列 {{sweep[BLOCK_SIZES[0]]['entries']:.0f}} 项——在真实 GPU 上，这会让内核每次只读一个 Token 的 KV。
 # （“末块浪费”按块表位置统计运行中最后一块里尚未写入的槽位，其中大部分随后会被写入；请求结束时仍空着的那部分，
 # 才是论文所说的内部碎片。）
 
 # %% [markdown]
-# **动手**：下面的 KV 池固定为 768 个槽位，块大小可调（块数 = 768 / 块大小）。8 个长度各异的请求在模拟器里一起运行，
-# 拖动 `steps` 看块表如何随解码增长，换一个块大小看浅红色的末块浪费如何变化；打开 `prefix_caching`，
-# 前 4 个请求以同一段 24 Token 的前缀开头（q0 先到一步），观察绿色的共享块（块越大，24 Token 里能整块共享的越少）。
+# **动手**：下面的函数在模拟器里把几个长度各异的请求一起运行，画出 KV 池，其中前几个请求以同一段前缀开头：
 
 # %% tags=["nbval-ignore-output"]
 import ipywidgets as widgets
 from minibatch import EngineConfig
 
+POOL_SLOTS, N_DEMO, N_SHARED, PREFIX = 768, 8, 4, 24     # KV slots; requests; of which share a prefix; its tokens
+
 
 def block_map_demo(block_size=16, steps=12, prefix_caching=False):
     cfg = EngineConfig.from_kwargs(executor="sim", model="llama-2-7b", hardware="a10", block_size=block_size,
-                                   num_kv_blocks=768 // block_size, enable_prefix_caching=prefix_caching)
+                                   num_kv_blocks=POOL_SLOTS // block_size, enable_prefix_caching=prefix_caching)
     demo = LLMEngine(cfg, clock="virtual")
     g = np.random.default_rng(1)
-    system_prompt = g.integers(5, 30000, 24).tolist()
-    for i in range(8):
+    system_prompt = g.integers(5, 30000, PREFIX).tolist()
+    for i in range(N_DEMO):
         own = g.integers(5, 30000, int(g.integers(6, 50))).tolist()
-        ids = system_prompt + own if i < 4 else own
+        ids = system_prompt + own if i < N_SHARED else own
         demo.add_request(ids, SamplingParams(temperature=0.0, max_tokens=int(g.integers(10, 60)), ignore_eos=True),
                          request_id=f"q{i}")
         if i == 0:
@@ -269,7 +277,13 @@ def block_map_demo(block_size=16, steps=12, prefix_caching=False):
           f"{internal} empty slots in last blocks, {demo.num_running} running, {demo.num_waiting} waiting")
     display(kv_block_map(demo, figsize=(9, 3), max_legend=10))
 
+# %% [markdown]
+# KV 池固定为 {{POOL_SLOTS}} 个槽位，块大小可调（块数 = {{POOL_SLOTS}} / 块大小）。{{N_DEMO}} 个请求一起运行，
+# 拖动 `steps` 看块表如何随解码增长，换一个块大小看浅红色的末块浪费如何变化；打开 `prefix_caching`，
+# 前 {{N_SHARED}} 个请求以同一段 {{PREFIX}} Token 的前缀开头（q0 先到一步），观察绿色的共享块
+# （块越大，{{PREFIX}} Token 里能整块共享的越少）。
 
+# %% tags=["nbval-ignore-output"]
 widgets.interact(block_map_demo, block_size=widgets.SelectionSlider(options=[4, 8, 16, 32, 64], value=16),
                  steps=widgets.IntSlider(value=12, min=0, max=70), prefix_caching=False);
 
@@ -290,11 +304,12 @@ print(inspect.getsource(hash_block))
 print(inspect.getsource(KVCacheManager.get_computed_blocks))
 
 # %% [markdown]
-# 回到 7.2 的引擎。新请求 R5 的前 24 个 Token 与 R1 的 Prompt 相同（比如同一段系统提示词，System Prompt），之后接上自己的问题。
-# R1 的前 3 个块已经写满并登记在前缀缓存里，所以 R5 的块表会直接指向它们，引用计数变为 2：
+# 回到 7.2 的引擎。新请求 R5 的开头与 R1 的 Prompt 相同（比如同一段系统提示词，System Prompt），之后接上自己的问题。
+# R1 写满的块已经登记在前缀缓存里，所以 R5 的块表会直接指向它们：
 
 # %%
-prompts["R5"] = prompts["R1"][:24] + rng.integers(5, 4000, 7).tolist()
+SHARE = 24                           # R5's first tokens, copied from R1's prompt
+prompts["R5"] = prompts["R1"][:SHARE] + rng.integers(5, 4000, 7).tolist()
 eng.add_request(prompts["R5"], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), request_id="R5")
 eng.step()
 t1, t5 = eng.kv.block_table("R1"), eng.kv.block_table("R5")
@@ -305,7 +320,14 @@ print("R5 prompt tokens served from the cache:", eng.requests["R5"].num_cached_t
 eng.kv.check_invariants()      # free + used = total, every reference accounted for
 display(kv_block_map(eng, columns=16, figsize=(9, 2.4)))
 
+# %% tags=["check"]
+n_shared = SHARE // B
+assert t5[:n_shared] == t1[:n_shared] and t5[n_shared] != t1[n_shared], "the prose: R5 shares R1's full blocks only"
+assert [eng.kv.pool.blocks[b].ref_cnt for b in t5[:n_shared]] == [2] * n_shared, "the prose: two holders each"
+
 # %% [markdown]
+# R5 的前 {{SHARE}} 个 Token 与 R1 相同，正好是 {{n_shared}} 个写满的块（每块 {{B}} 个 Token）：R5 的块表前
+# {{n_shared}} 项就是 R1 的前 {{n_shared}} 项，这些块的引用计数是 {{eng.kv.pool.blocks[t5[0]].ref_cnt}}。
 # 图中绿色的块被两个请求共享。注意 minibatch 只共享**写满**的块：写满的块内容不再改变，谁也不会往里写，
 # 所以共享它是安全的。R5 的 Prompt 最后不满一块的部分（以及它之后生成的 Token）写在 R5 自己的新块里。
 #
@@ -317,7 +339,7 @@ display(kv_block_map(eng, columns=16, figsize=(9, 2.4)))
 # 实验 **L04**（分页块管理器）会让你亲手实现 `allocate`、`append`、`free` 与 `fork` / `copy_on_write`，
 # 并与 minibatch 的 `KVCacheManager` 逐块对账。
 #
-# 共享对吞吐的影响在模拟器里一目了然：用 `load_workload("shared_prefix")`（8 个系统提示词按 Zipf 分布复用）
+# 共享对吞吐的影响在模拟器里一目了然：用 `load_workload("shared_prefix")`（几个系统提示词按 Zipf 分布复用）
 # 对比前缀缓存的开与关。第 13、14 章会深入前缀缓存与 RadixAttention。
 
 # %% tags=["nbval-check-output"]
@@ -341,14 +363,31 @@ for on in (False, True):
 # 这一步每读一个字节的 KV 只做约 1 次浮点运算，是典型的访存受限（第 2 章）。minibatch 的 Triton 内核
 # `minibatch/kernels/triton_decode.py` 把它写成一个程序（Program，相当于 CUDA 的一个线程块）处理
 # **一条序列的一个 KV 头**，并一次算完共享这个 KV 头的全部 $G$ 个查询头（GQA 分组），这样每个 K/V 块只读一次。
-# （在 CPU 上，引擎默认用同样思路的 C 内核 `minibatch/kernels/cpu_paged.c`：一个 OpenMP 任务处理一条序列的全部头，
+#
+# 在 CPU 上，引擎默认用同样思路的 C 内核。它们的几个常数直接从源码里读出来：
+
+# %%
+KERNEL_DIR = Path(minibatch.kernels.__file__).parent
+
+
+def c_define(file: str, name: str) -> int:
+    """The value of ``#define name <int>`` in one of the C kernels' sources."""
+    return int(re.search(rf"#define {name} (\d+)", (KERNEL_DIR / file).read_text()).group(1))
+
+
+LANES = 512 // 32                    # float32 lanes of an AVX-512 register
+PREFETCH_AHEAD, TILE_Q = c_define("cpu_paged.c", "PREFETCH_AHEAD"), c_define("cpu_prefill.c", "TQ")
+
+# %% [markdown]
+# 解码用 `minibatch/kernels/cpu_paged.c`：一个 OpenMP 任务处理一条序列的全部头，
 # 按块表逐 Token 读 K、V 各一遍，不把分页的 KV 复制成连续张量。它有两条路径：可移植的 C 循环，和 AVX-512 版本
-# （16 个点积一起做一次转置归约（Transpose Reduction），提前 32 行预取 K/V；两者从内存读 KV 的实测带宽可用
-# `python benchmarks/cpu_attention.py` 对比）。预填充（Prefill）的注意力由另一个 C 内核
-# `minibatch/kernels/cpu_prefill.c` 计算：它把 64 个查询 Token 分成一块（Tile），每读一行 K/V 就供整块的
+# （{{LANES}} 个点积一起做一次转置归约（Transpose Reduction），提前 {{PREFETCH_AHEAD}} 行预取 K/V；两者从内存读 KV 的实测带宽
+# 可在仓库根目录用 `.venv/bin/python benchmarks/cpu_attention.py` 对比）。预填充（Prefill）的注意力由另一个 C 内核
+# `minibatch/kernels/cpu_prefill.c` 计算：它把 {{TILE_Q}} 个查询 Token 分成一块（Tile），每读一行 K/V 就供整块的
 # 全部查询头使用，而不是把每个查询 Token 当作一次“上下文为自身位置 + 1”的解码、各读一遍；同一脚本的第二张表
-# 比较了这两种做法与 torch 路径的耗时。）
-# 模块文档说明了整体算法：
+# 比较了这两种做法与 torch 路径的耗时。
+#
+# 回到 Triton 内核，模块文档说明了整体算法：
 
 # %%
 print(inspect.getdoc(triton_decode)[:1400])
@@ -430,8 +469,8 @@ show("store_mask = ", "out.to(out_ptr.dtype.element_ty), mask=store_mask)")
 # ### 在 CPU 上运行内核并与 torch 参考实现对照
 #
 # Triton 解释器（`TRITON_INTERPRET=1`，本 notebook 第一个代码单元已设置）在 CPU 上用 NumPy 逐程序执行内核，
-# 慢但结果可以检查。构造一个小例子：3 条序列、8 个查询头共享 2 个 KV 头（GQA，$G=4$）、`head_dim=32`、
-# 块大小 16，块表从一个打乱的物理块列表里取，上下文长度各不相同。参考实现
+# 慢但结果可以检查。构造一个小例子：几条序列，几个查询头共享一个 KV 头（GQA），块表从一个打乱的物理块列表里取，
+# 上下文长度各不相同。参考实现
 # `minibatch.kernels.reference.paged_decode_attention_ref` 用最直白的 torch 代码先把分页的 KV 收集成连续张量，再做普通注意力。
 # 注意解释器不支持 bf16 的 `tl.dot`（结果错误），minibatch 会直接拒绝，所以这里用 float32。
 
@@ -458,6 +497,8 @@ print(f"max |triton - ref| = {(out - ref).abs().max().item():.1e}, split-KV: {(s
 assert torch.allclose(out, ref, atol=1e-5) and torch.allclose(split, ref, atol=1e-5)
 
 # %% [markdown]
+# 这个例子有 {{len(context_lens)}} 条序列（上下文 {{'、'.join(map(str, context_lens.tolist()))}}）、{{num_heads}} 个查询头共享
+# {{num_kv_heads}} 个 KV 头（GQA，$G={{num_heads // num_kv_heads}}$）、`head_dim={{head_dim}}`、块大小 {{block_size}}。
 # 两个小实验验证“分页只是一层间接寻址”：把**没有被任何块表引用**的块全部填成 NaN，输出不变（内核只读块表指向的块）；
 # 把物理块整体换个位置、同步改写块表，输出也不变（逻辑顺序只由块表决定）。
 
@@ -490,13 +531,18 @@ except RuntimeError as e:
 # Figure 2），其余是预留、内部碎片与外部碎片（定义见第 6 章 6.4 节与 `docs/glossary.md`）；vLLM 的博客
 # （*vLLM: Easy, Fast, and Cheap LLM Serving with PagedAttention*, 2023-06-20）把它概括为“现有系统因碎片和过度预留浪费了
 # 60%–80% 的显存”，而 vLLM 的浪费**不到 4%**，只发生在每条序列的最后一块。
-#
-# 用第 6 章的实验设置（Llama-2-7B、A10、`max_model_len = 4096`、`chat` 负载的前 120 个请求）按同样的口径在引擎里测一遍：
+
+# %%
+BLOG_WASTE, PAPER_WASTE = (0.6, 0.8), 0.04       # the blog's range for earlier systems; the paper's bound for vLLM
+N_CHAT, CHAT_LEN = 120, 4096                      # chapter 6's experiment
+chat = load_workload("chat", n=N_CHAT, max_len=CHAT_LEN)
+CHAT_SETUP = dict(executor="sim", model="llama-2-7b", hardware="a10", max_model_len=CHAT_LEN)
+
+# %% [markdown]
+# 用第 6 章的实验设置（Llama-2-7B、A10、`max_model_len = {{CHAT_LEN}}`、`chat` 负载的前 {{N_CHAT}} 个请求）按同样的口径在引擎里测一遍：
 # 只看有请求排队的满负荷阶段，按时长加权，给出 KV 池里没有存放 Token 状态的比例，以及其中预留与碎片各占多少。
 
 # %% tags=["nbval-check-output"]
-chat = load_workload("chat", n=120, max_len=4096)
-CHAT_SETUP = dict(executor="sim", model="llama-2-7b", hardware="a10", max_model_len=4096)
 
 
 def saturated_shares(r):
@@ -521,16 +567,31 @@ for name, kw in {"contiguous (max_model_len)": dict(kv_allocator="contiguous"),
 
 # %%
 cmax, creq, pg = shares["contiguous (max_model_len)"], shares["contiguous (per request)"], shares["paged"]
-assert 0.6 <= 1 - cmax["tokens"] <= 0.8, "the prose says the max_model_len reservation falls in the blog's 60-80%"
-assert pg["waste"] < 0.04 < 1 - pg["tokens"], "the prose says paged waste is under 4%, free blocks aside"
+
+# %% tags=["check"]
+assert BLOG_WASTE[0] <= 1 - cmax["tokens"] <= BLOG_WASTE[1], "the prose: the max_model_len reservation is in the blog's range"
+assert pg["waste"] < PAPER_WASTE < 1 - pg["tokens"], "the prose says paged waste is under 4%, free blocks aside"
 
 # %% [markdown]
 # 按 `max_model_len` 连续预留时，满负荷下 {{1 - cmax['tokens']:.0%}} 的 KV 池没有存放 Token 状态，落在博客所说的
-# 60%–80% 之内；按各自的长度预留时是 {{1 - creq['tokens']:.0%}}（其中有外部碎片，见第 6 章）。分页分配的预留与碎片
-# 合计只有 {{pg['waste']:.1%}}，低于论文的 4%；它的池子另有 {{pg['free']:.0%}} 是空闲的，但那不是碎片：任何请求都能用
+# {{BLOG_WASTE[0]:.0%}}–{{BLOG_WASTE[1]:.0%}} 之内；按各自的长度预留时是 {{1 - creq['tokens']:.0%}}（其中有外部碎片，见第 6 章）。
+# 分页分配的预留与碎片合计只有 {{pg['waste']:.1%}}，低于论文的 {{PAPER_WASTE:.0%}}；它的池子另有 {{pg['free']:.0%}} 是空闲的，但那不是碎片：任何请求都能用
 # 这些块，它们暂时空着，是因为排在队首的请求下一步要预填充的那段提示词需要的块比空闲块多，要等正在解码的请求结束。
 # 具体数值取决于负载的长度分布、`max_model_len` 和块大小（7.3 节）：请求越短、`max_model_len` 越大，连续预留的浪费越大；
 # 块越大，分页的末块浪费越大。
+
+# %% tags=["check"]
+# The exercises' settings, and the figures their hints quote.
+EX_SHARE = 20                                    # exercise 3: a common prefix that is not a whole number of blocks
+ex_hit = EX_SHARE // B
+assert EX_SHARE % B, "exercise 3's prefix must end inside a block"
+ex_fp16 = triton_decode.paged_decode_attention(q.half(), k_cache.half(), v_cache.half(), block_tables, context_lens)
+ex_err16 = (ex_fp16.float() - ref).abs().max().item()
+empty = context_lens.clone()
+empty[0] = 0
+ex_empty_kernel = triton_decode.paged_decode_attention(q, k_cache, v_cache, block_tables, empty)[0]
+ex_empty_ref = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, empty)[0]
+assert (ex_empty_kernel == 0).all() and torch.isnan(ex_empty_ref).all(), "hint 4: the kernel writes 0, the reference NaN"
 
 # %% [markdown]
 # ## 本章小结
@@ -550,9 +611,9 @@ assert pg["waste"] < 0.04 < 1 - pg["tokens"], "the prose says paged waste is und
 #
 # 1. 在 7.2 的引擎上再加几个请求，直到 KV 池用尽，观察 `eng.steps[-1].num_preempted` 与块表的变化；被抢占的请求重新被调度时，
 #    它的块表和之前一样吗？为什么？
-# 2. 7.3 节的扫描用的是短请求。换成 `load_workload("chat", n=120, max_len=4096)`（长 Prompt），重新扫描块大小。
+# 2. 7.3 节的扫描用的是短请求。换成 `load_workload("chat", n={{N_CHAT}}, max_len={{CHAT_LEN}})`（长 Prompt），重新扫描块大小。
 #    末块浪费的曲线变陡还是变缓？用“每条序列平均浪费约 $B/2$ 个槽位”解释。
-# 3. 把 7.4 中 R5 的公共前缀改成 20 个 Token（不是 8 的倍数），R5 能命中几个块？为什么前缀缓存只共享写满的块？
+# 3. 把 7.4 中 R5 的公共前缀改成 {{EX_SHARE}} 个 Token（不是 {{B}} 的倍数），R5 能命中几个块？为什么前缀缓存只共享写满的块？
 # 4. 在 7.5 的内核对照实验里改用 `float16`，误差变成多少？再把一条序列的 `context_lens` 设成 0，两个实现的输出分别是什么？
 # 5. （思考）`choose_split` 只在“上下文超过一个分区 **且** 序列数 × KV 头数少于 SM 数”时才启用 Split-KV。
 #    为什么序列很多时拆分反而不划算？
@@ -566,10 +627,10 @@ assert pg["waste"] < 0.04 < 1 - pg["tokens"], "the prose says paged waste is und
 #    块表一般与之前不同；只要块表随之更新，逻辑顺序不变，输出就不变。开启前缀缓存时，它写满的块若还在缓存里，
 #    会被直接命中（块号相同）。
 # 2. 变缓：末块浪费每条序列约 $B/2$ 个槽位，与序列长度无关；序列越长，它占序列的比例 $\approx B/(2n)$ 越小。
-# 3. 命中 2 个块（16 个 Token）：第 3 块只有 4 个 Token 相同，哈希不同。写满的块内容不再改变，共享它不需要写时复制；
+# 3. 命中 {{ex_hit}} 个块（{{ex_hit * B}} 个 Token）：下一块只有 {{EX_SHARE % B}} 个 Token 相同，哈希不同。写满的块内容不再改变，共享它不需要写时复制；
 #    未满的块还要被持有者继续写入。
-# 4. float16 的误差在 1e-3 量级（输入与累加的舍入）；上下文为 0 时 Triton 内核输出 0（⑥ 中的特判），
-#    参考实现对空序列做 softmax 会得到 NaN 或 0，取决于实现——对照两者的代码即可确认。
+# 4. float16 的最大误差约 {{ex_err16:.0e}}（输入与累加的舍入）；上下文为 0 时 Triton 内核输出 0（⑥ 中的特判），
+#    参考实现对空序列做 softmax 得到 NaN（对零个分数求 softmax）——对照两者的代码即可确认。
 # 5. 序列数 × KV 头数已经多于 SM 数时，每个 SM 都有活干，拆分只会多写一次部分结果、多跑一个归约内核。
 # 6. 三者的贪心输出应逐 Token 相同（minibatch 的测试保证）；差别只在速度。
 #
