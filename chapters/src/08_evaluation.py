@@ -16,7 +16,7 @@
 # - 会计算百分位数（Percentile），理解为什么要看 p99 而不只看平均值；
 # - 区分开环（Open-loop，按请求速率）与闭环（Closed-loop，按并发数）两种施压方式，理解预热（Warm-up）的必要性；
 # - 理解协调遗漏（Coordinated Omission）：闭环客户端如何把排队延迟“藏”起来，以及如何纠正；
-# - 用 `python -m minibatch serve` 起一个真实的服务，用 `minibatch.bench.run_benchmark` 压测，画出延迟–吞吐曲线；
+# - 用 `.venv/bin/python -m minibatch serve` 起一个真实的服务，用 `minibatch.bench.run_benchmark` 压测，画出延迟–吞吐曲线；
 #   并用模拟器画出 Llama-2-7B 在 A100 上的同一条曲线，找到它的“拐点”。
 
 # %%
@@ -71,18 +71,22 @@ print(inspect.getdoc(minibatch.results)[:760])
 #
 # 引擎对每个请求发出事件（Event）：`arrival`（到达）、`schedule`（第一次被调度）、`token`（每产生一个 Token）、
 # `finish`（结束），以及 `preempt`、`abort` 等。用 `LLMEngine.subscribe` 订阅它们，就得到原始的事件日志。
-# 下面用模拟器（Llama-2-7B，A100-80G，虚拟时钟，结果完全确定）跑 40 个对话请求，记下全部事件：
+# 下面用模拟器（Llama-2-7B，A100-80G，虚拟时钟，结果完全确定）跑一小段对话负载，记下全部事件：
 
 # %%
+N_SMALL, RATE_SMALL, MAX_LEN, PICK = 40, 4.0, 4096, 10      # requests, req/s, max_model_len; the request we follow
 events = []
 engine = LLMEngine(EngineConfig.from_kwargs(executor="sim", model="llama-2-7b", hardware="a100-80g"), clock="virtual")
 engine.subscribe(lambda event, t, req, info: events.append((t, event, req.request_id, info)))
-small = load_workload("chat", n=40, rate=4.0, max_len=4096)
+small = load_workload("chat", n=N_SMALL, rate=RATE_SMALL, max_len=MAX_LEN)
 res = run(small, engine=engine)
 print(f"{len(events)} events; kinds: {sorted({e[1] for e in events})}")
 
+# %% [markdown]
+# 这是 {{N_SMALL}} 个对话请求，以 {{RATE_SMALL:g}} req/s 到达。挑出其中一个请求（第 {{PICK}} 个），看它的事件：
+
 # %% tags=["nbval-check-output"]
-rid = res.requests[10].request_id
+rid = res.requests[PICK].request_id
 mine = [e for e in events if e[2] == rid]
 for t, ev, _, info in mine[:5] + [("...", "", "", {})] + mine[-2:]:
     print(f"{t if isinstance(t, str) else f'{t:9.4f}'}  {ev:<12} {({k: v for k, v in info.items() if k != 'token'} or '')}")
@@ -141,7 +145,7 @@ print(f"TTFT mean {summary['ttft_mean'] * 1e3:.2f} ms; max {max(ttfts) * 1e3:.2f
 #
 # 吞吐量只数 Token，不问每个请求是否满意；Goodput（DistServe, OSDI'24 提出用它衡量服务质量）只数**达标**的请求。
 # 一个系统可以靠把批塞满换来很高的吞吐，同时让大多数请求超出 TTFT 的 SLO——这时它的 Goodput 很低。
-# 用第 1 章 RAG 案例的 SLO（TTFT < 800 ms 且 TPOT < 50 ms）手算一遍：
+# 用第 1 章 RAG 案例的 SLO（TTFT < {{SLO['ttft'] * 1e3:.0f}} ms 且 TPOT < {{SLO['tpot'] * 1e3:.0f}} ms）手算一遍：
 
 # %% tags=["nbval-check-output"]
 done = [r for r in res.requests if r.completed]
@@ -174,7 +178,7 @@ print(f"goodput by hand {len(good) / T:.3f} req/s, library {summary['goodput']:.
 # 在测量中凭空消失了。这个现象由 Gil Tene 命名为协调遗漏：压测工具与被测系统“协调”一致地漏掉了最慢的那段时间。
 # 纠正方法（wrk2 等工具的做法）是从**计划发送时间**开始计时。
 #
-# 下面在模拟器里做这个实验：64 个虚拟用户按总速率 8 req/s 的计划轮流发请求，这个速率高于 Llama-2-7B 在 A100 上
+# 下面在模拟器里做这个实验：一组虚拟用户按一个总速率的计划轮流发请求，这个速率高于 Llama-2-7B 在 A100 上
 # 处理该负载的能力（见 8.6 节）。客户端循环直接驱动 `LLMEngine`（它只是一个负载发生器，调度仍由引擎完成）：
 
 # %%
@@ -209,9 +213,14 @@ def closed_loop(wl, users, rate, **engine_kw):
     reqs = [eng.requests[str(k)] for k in range(len(specs))]
     return planned, sent, np.array([r.first_token_time for r in reqs]), np.array([r.finish_time for r in reqs])
 
+# %%
+CO_RATE, USERS, N_CO = 8.0, 64, 300
 
-CO_RATE, USERS = 8.0, 64
-co_wl = load_workload("chat", n=300, rate=CO_RATE, max_len=4096)
+# %% [markdown]
+# {{USERS}} 个虚拟用户按总速率 {{CO_RATE:g}} req/s 的计划轮流发 {{N_CO}} 个请求；同一负载再以开环方式回放一次作对照：
+
+# %%
+co_wl = load_workload("chat", n=N_CO, rate=CO_RATE, max_len=MAX_LEN)
 planned, sent, first, finish = closed_loop(co_wl, USERS, CO_RATE, model="llama-2-7b", hardware="a100-80g")
 open_res = run(co_wl, executor="sim", model="llama-2-7b", hardware="a100-80g")
 open_ttft = np.array([r.ttft for r in open_res.requests])
@@ -239,7 +248,7 @@ ax.legend(fontsize=8)
 ax.grid(alpha=0.3)
 plt.show()
 
-# %%
+# %% tags=["check"]
 assert np.percentile(naive, 99) < SLO["ttft"], "the prose says the closed-loop p99 looks within the SLO"
 assert corrected.max() > 10 * SLO["ttft"] and np.percentile(open_ttft, 99) > SLO["ttft"]
 assert closed_x < open_x, "the prose says the closed loop completes fewer requests"
@@ -269,13 +278,19 @@ print("\n".join(line for line in src if "st = time.perf_counter()" in line or "o
 #
 # 压测的标准做法是扫一组开环请求速率，每个速率跑一次，把**达到的吞吐**和**延迟百分位**画成一条曲线。
 # 低负载时延迟几乎不随速率变化；接近容量时排队出现，延迟急剧上升（第 3 章的“曲棍球棒”），吞吐却不再增加。
-# 下面是 Llama-2-7B 在一张 A100-80G 上、`chat` 负载的曲线。表格按**稳态**统计：每个速率 300 个请求，去掉到达时间跨度最前与
-# 最后 20% 里到达的请求（预热：批与队列还在变满；收尾：到达已停止），吞吐只数这段时间窗里完成的请求与产出的 Token
-# （`RunResult.summary(trim=0.2)`）。模拟器完全确定，表格每次相同：
+# 下面是 Llama-2-7B 在一张 A100-80G 上、`chat` 负载的曲线：
 
 # %%
 RATES = [1, 2, 3, 4, 5, 6, 7, 8, 10]
-sim_runs = {r: run(load_workload("chat", n=300, rate=r, max_len=4096), executor="sim", model="llama-2-7b",
+N_SWEEP, TRIM, TARGET = 300, 0.2, 0.9     # requests per rate; share trimmed at each end; capacity's attainment
+
+# %% [markdown]
+# 表格按**稳态**统计：每个速率 {{N_SWEEP}} 个请求，去掉到达时间跨度最前与最后 {{TRIM:.0%}} 里到达的请求
+# （预热：批与队列还在变满；收尾：到达已停止），吞吐只数这段时间窗里完成的请求与产出的 Token
+# （`RunResult.summary(trim={{TRIM}})`）。模拟器完全确定，表格每次相同：
+
+# %%
+sim_runs = {r: run(load_workload("chat", n=N_SWEEP, rate=r, max_len=MAX_LEN), executor="sim", model="llama-2-7b",
                    hardware="a100-80g") for r in RATES}
 
 # %% tags=["nbval-check-output"]
@@ -283,7 +298,7 @@ print(f"{'rate':>5} {'out tok/s':>10} {'req/s':>6} {'TTFT p50':>9} {'TTFT p99':>
       f"{'goodput':>8} {'SLO met':>8}")
 sims = {}
 for rate, r in sim_runs.items():
-    s = sims[rate] = r.summary(slo=SLO, trim=0.2)
+    s = sims[rate] = r.summary(slo=SLO, trim=TRIM)
     print(f"{rate:>5} {s['throughput_tok_s']:>10.0f} {s['request_throughput']:>6.2f} {s['ttft_p50'] * 1e3:>7.0f}ms "
           f"{s['ttft_p99'] * 1e3:>7.0f}ms {s['tpot_p50'] * 1e3:>7.1f}ms {s['tpot_p99'] * 1e3:>7.1f}ms "
           f"{s['goodput']:>8.2f} {s['slo_attainment']:>8.1%}")
@@ -294,19 +309,21 @@ fig = latency_throughput({"llama-2-7b @ a100-80g (sim)": sim_runs}, metrics=("tt
 display(fig)
 
 # %%
-cap = capacity({r: sims[r]["slo_attainment"] for r in RATES}, target=0.9)
+cap = capacity({r: sims[r]["slo_attainment"] for r in RATES}, target=TARGET)
 beyond = RATES[RATES.index(cap) + 1]
-check = {r: run(load_workload("chat", n=300, rate=r, max_len=4096, seed=1), executor="sim", model="llama-2-7b",
-                hardware="a100-80g").summary(slo=SLO, trim=0.2)["slo_attainment"] for r in (cap, beyond)}
+check = {r: run(load_workload("chat", n=N_SWEEP, rate=r, max_len=MAX_LEN, seed=1), executor="sim", model="llama-2-7b",
+                hardware="a100-80g").summary(slo=SLO, trim=TRIM)["slo_attainment"] for r in (cap, beyond)}
 best = max(RATES, key=lambda r: sims[r]["goodput"])
 peak = max(RATES, key=lambda r: sims[r]["throughput_tok_s"])
-print(f"capacity at >= 90% attainment: {cap} req/s; a second seed: {cap} req/s -> {check[cap]:.0%}, "
+print(f"capacity at >= {TARGET:.0%} attainment: {cap} req/s; a second seed: {cap} req/s -> {check[cap]:.0%}, "
       f"{beyond} req/s -> {check[beyond]:.0%}")
-assert check[cap] >= 0.9 > sims[beyond]["slo_attainment"], "the prose says the capacity holds on a second seed"
+
+# %% tags=["check"]
+assert check[cap] >= TARGET > sims[beyond]["slo_attainment"], "the prose says the capacity holds on a second seed"
 assert peak >= best and sims[peak]["slo_attainment"] < sims[best]["slo_attainment"]
 
 # %% [markdown]
-# 按“SLO 达成率 ≥ 90% 的最高到达率”（DistServe 的服务容量）算，这套配置的容量是 **{{cap}} req/s**（换一个随机种子复核，
+# 按“SLO 达成率 ≥ {{TARGET:.0%}} 的最高到达率”（DistServe 的服务容量）算，这套配置的容量是 **{{cap}} req/s**（换一个随机种子复核，
 # 仍是 {{check[cap]:.0%}}；再高一档到 {{beyond}} req/s 就只有 {{sims[beyond]['slo_attainment']:.0%}}）。Goodput 在
 # {{best}} req/s 处最高（{{sims[best]['goodput']:.2f}} req/s，SLO 达成率 {{sims[best]['slo_attainment']:.0%}}）；而输出吞吐在
 # {{peak}} req/s 处才到顶（{{sims[peak]['throughput_tok_s']:.0f}} tok/s），那时只有 {{sims[peak]['slo_attainment']:.0%}} 的请求达标。
@@ -320,7 +337,7 @@ assert peak >= best and sims[peak]["slo_attainment"] < sims[best]["slo_attainmen
 import ipywidgets as widgets
 
 
-def goodput_curve(ttft_ms=800, tpot_ms=50):
+def goodput_curve(ttft_ms=round(SLO["ttft"] * 1e3), tpot_ms=round(SLO["tpot"] * 1e3)):
     slo = {"ttft": ttft_ms / 1e3, "tpot": tpot_ms / 1e3}
     g = [sim_runs[r].summary(slo=slo)["goodput"] for r in RATES]
     fig, ax = plt.subplots(figsize=(6, 3))
@@ -333,25 +350,18 @@ def goodput_curve(ttft_ms=800, tpot_ms=50):
     plt.show()
 
 
-widgets.interact(goodput_curve, ttft_ms=widgets.IntSlider(value=800, min=100, max=5000, step=100),
-                 tpot_ms=widgets.IntSlider(value=50, min=10, max=200, step=5));
+widgets.interact(goodput_curve, ttft_ms=widgets.IntSlider(value=round(SLO["ttft"] * 1e3), min=100, max=5000, step=100),
+                 tpot_ms=widgets.IntSlider(value=round(SLO["tpot"] * 1e3), min=10, max=200, step=5));
 
 # %% [markdown]
 # ## 8.7 真实服务与压测客户端
 #
-# 现在把同样的方法用到一个真正的 HTTP 服务上。`python -m minibatch serve` 启动一个 OpenAI 兼容的服务
+# 现在把同样的方法用到一个真正的 HTTP 服务上。`.venv/bin/python -m minibatch serve` 启动一个 OpenAI 兼容的服务
 # （`/v1/completions`、`/v1/chat/completions`，SSE 流式输出），`minibatch.bench.run_benchmark` 是
-# `python -m minibatch bench serve` 的 Python 接口，参数与 `vllm bench serve` 同名：`request_rate`（开环速率，
+# `.venv/bin/python -m minibatch bench serve` 的 Python 接口，参数与 `vllm bench serve` 同名：`request_rate`（开环速率，
 # `inf` 表示全部同时发出）、`burstiness`（Gamma 到达的形状参数，1 为泊松）、`max_concurrency`（闭环并发上限）、
 # `goodput`（SLO：命令行与 `vllm bench serve` 一样写毫秒，`--goodput ttft:500 tpot:50`；Python 里写秒，`{"ttft": 0.5, "tpot": 0.05}`，换算只在 `minibatch.results.parse_goodput` 一处）。客户端从流式响应的每个数据块（Chunk）测时间：TTFT 是第一个 Token 块到达的时刻，
-# ITL 是相邻块的间隔。
-#
-# 下面的单元格：在本机找一个空闲端口，以子进程启动 tiny 模型的服务（只监听 127.0.0.1），等 `/health` 就绪；
-# 先发 4 个预热请求；再以 3 个开环速率各发 16 个请求（输入 64、输出 16 个 Token）；最后做一次闭环（`max_concurrency=2`，全部请求同时“计划”发出）；
-# 无论成功与否，`finally` 都会关闭服务。这里的数字是真实的墙钟时间，取决于机器当时的负载，每次运行都不同；
-# 服务用 `--max-num-seqs 4` 启动，让 tiny 模型在这台 CPU 上的客户端发得出的速率下就达到饱和，好看清曲线的拐点；
-# 在一台繁忙的共享机器上，低速率时的延迟甚至可能比中等速率还高（空闲的服务线程被唤醒要排队等 CPU），
-# 这正说明压测要在安静、固定的环境里做，并且每个点要多跑几次。
+# ITL 是相邻块的间隔。先准备两个小工具和压测的设置：
 
 # %% tags=["nbval-ignore-output"]
 def free_port() -> int:
@@ -373,20 +383,35 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> fl
     raise TimeoutError("server did not become healthy")
 
 
+SERVE_SEQS = 4                           # the server's --max-num-seqs
+N_WARM, N_PER_RATE, N_CLOSED, CONCURRENCY = 4, 16, 12, 2
+REAL_RATES = [4.0, 16.0, float("inf")]   # inf: all requests at once (the peak)
+BENCH = dict(random_input_len=64, random_output_len=16, seed=0, percentiles=(50, 90, 99),
+             goodput={"ttft": 0.5, "tpot": 0.05})
+
+# %% [markdown]
+# 下面的单元格：在本机找一个空闲端口，以子进程启动 tiny 模型的服务（只监听 127.0.0.1），等 `/health` 就绪；
+# 先一个接一个地发 {{N_WARM}} 个预热请求；再以 {{len(REAL_RATES)}} 个开环速率（{{'、'.join(f'{r:g}' for r in REAL_RATES[:-1])}} req/s
+# 和全部同时发出）各发 {{N_PER_RATE}} 个请求（输入 {{BENCH['random_input_len']}}、输出 {{BENCH['random_output_len']}} 个 Token）；
+# 最后做一次闭环（`max_concurrency={{CONCURRENCY}}`，{{N_CLOSED}} 个请求同时“计划”发出）；
+# 无论成功与否，`finally` 都会关闭服务。这里的数字是真实的墙钟时间，取决于机器当时的负载，每次运行都不同；
+# 服务用 `--max-num-seqs {{SERVE_SEQS}}` 启动，让 tiny 模型在这台 CPU 上的客户端发得出的速率下就达到饱和，好看清曲线的拐点；
+# 在一台繁忙的共享机器上，低速率时的延迟甚至可能比中等速率还高（空闲的服务线程被唤醒要排队等 CPU），
+# 这正说明压测要在安静、固定的环境里做，并且每个点要多跑几次。
+
+# %% tags=["nbval-ignore-output"]
 port = free_port()
 base = f"http://127.0.0.1:{port}"
 log = tempfile.TemporaryFile()
 server = subprocess.Popen([sys.executable, "-m", "minibatch", "serve", "--model", "tiny", "--host", "127.0.0.1",
-                           "--port", str(port), "--max-num-seqs", "4", "--uvicorn-log-level", "warning"],
+                           "--port", str(port), "--max-num-seqs", str(SERVE_SEQS), "--uvicorn-log-level", "warning"],
                           stdout=log, stderr=log)
-BENCH = dict(base_url=base, random_input_len=64, random_output_len=16, seed=0, percentiles=(50, 90, 99),
-             goodput={"ttft": 0.5, "tpot": 0.05})
-REAL_RATES = [4.0, 16.0, float("inf")]   # inf: all requests at once (the peak)
+BENCH["base_url"] = base
 try:
     print(f"server healthy after {wait_healthy(base, server):.1f} s on port {port}")
-    warm = run_benchmark(num_prompts=4, request_rate=float("inf"), max_concurrency=1, **BENCH)
-    real = {rate: run_benchmark(num_prompts=16, request_rate=rate, **BENCH) for rate in REAL_RATES}
-    closed = run_benchmark(num_prompts=12, request_rate=float("inf"), max_concurrency=2, **BENCH)
+    warm = run_benchmark(num_prompts=N_WARM, request_rate=float("inf"), max_concurrency=1, **BENCH)
+    real = {rate: run_benchmark(num_prompts=N_PER_RATE, request_rate=rate, **BENCH) for rate in REAL_RATES}
+    closed = run_benchmark(num_prompts=N_CLOSED, request_rate=float("inf"), max_concurrency=CONCURRENCY, **BENCH)
 except Exception:
     log.seek(0)
     print(log.read().decode(errors="replace")[-2000:])
@@ -422,7 +447,7 @@ for ax, key, title in [(axes[0], "ttft", "TTFT"), (axes[1], "tpot", "TPOT")]:
 plt.show()
 
 # %% [markdown]
-# 最后看闭环那一次：12 个请求在 0 时刻“计划”同时发出，但客户端最多只允许 2 个在途。
+# 最后看闭环那一次：{{N_CLOSED}} 个请求在 0 时刻“计划”同时发出，但客户端最多只允许 {{CONCURRENCY}} 个在途。
 # 客户端报告的 TTFT 从请求真正发出算起；把它加上请求在客户端里等待的时间（`start_times`，相对压测开始），
 # 才是从计划时刻算起的 TTFT——与 8.5 节的协调遗漏是同一回事：
 
@@ -432,12 +457,20 @@ waited = np.array(closed["start_times"]) * 1e3
 print(f"reported TTFT   p50 {np.median(reported):7.1f} ms  max {reported.max():7.1f} ms")
 print(f"from plan (t=0) p50 {np.median(reported + waited):7.1f} ms  max {(reported + waited).max():7.1f} ms")
 
+# %% tags=["check"]
+# The exercises' settings, and the figures their hints quote.
+EX_USERS = [4, 4 * USERS]
+gaps = np.diff(tokens)
+worst = tokens[int(np.argmax(gaps))] + gaps.max() / 2                # the middle of the longest gap
+worst_step = next(st for st in res.steps if st.start_time <= worst <= st.start_time + st.duration)
+assert worst_step.num_prefill_tokens > 0, "hint 2 says a prefill shares the step of the longest gap"
+
 # %% [markdown]
-# 用命令行做同样的事，只需要两个终端：
+# 用命令行做同样的事，只需要两个终端（都在仓库根目录）：
 #
 # ```bash
-# python -m minibatch serve --model tiny --port 8000
-# python -m minibatch bench serve --base-url http://127.0.0.1:8000 --dataset random \
+# .venv/bin/python -m minibatch serve --model tiny --port 8000
+# .venv/bin/python -m minibatch bench serve --base-url http://127.0.0.1:8000 --dataset random \
 #     --random-input-len 64 --random-output-len 32 --num-prompts 200 --request-rate 20 \
 #     --metric-percentiles 50,90,99 --goodput ttft:500 tpot:50 --plot bench.png
 # ```
@@ -458,9 +491,9 @@ print(f"from plan (t=0) p50 {np.median(reported + waited):7.1f} ms  max {(report
 #
 # 1. 完成实验 **L01**：从事件日志计算 TTFT、TPOT、ITL、百分位数与 Goodput，并与 `minibatch.results` 对账。
 # 2. 在 8.2 中找出 ITL 最大的那个间隔，对照 `res.steps` 找到那一步：它里面有多少预填充 Token？
-# 3. 把 8.5 的虚拟用户数改成 4 和 64，协调遗漏的程度如何变化？当用户数足够多时，闭环与开环的结果为什么会趋于一致？
+# 3. 把 8.5 的虚拟用户数改成 {{EX_USERS[0]}} 和 {{EX_USERS[1]}}，协调遗漏的程度如何变化？当用户数足够多时，闭环与开环的结果为什么会趋于一致？
 # 4. 在 8.6 中把负载换成 `load_workload("code_bursty", ...)`（突发到达）并保持相同的平均速率，拐点提前还是推后？为什么？
-# 5. 用 `python -m minibatch bench serve` 的 `--burstiness 0.25` 压测真实服务，与泊松到达（`--burstiness 1`）
+# 5. 用 `.venv/bin/python -m minibatch bench serve` 的 `--burstiness 0.25` 压测真实服务，与泊松到达（`--burstiness 1`）
 #    在相同速率下比较 TTFT 的 p99。
 # 6. （思考）压测报告中只写了“并发 64 时吞吐 X tok/s、TTFT 200 ms”。你还需要知道哪些信息，才能判断这个服务能否承受每秒 20 个请求？
 #
@@ -469,7 +502,8 @@ print(f"from plan (t=0) p50 {np.median(reported + waited):7.1f} ms  max {(report
 # 1. 按 L01 的任务顺序：先单请求的 TTFT/TPOT/ITL/E2E，再线性插值的百分位数，最后 Goodput 与达成率；每一步都可以用
 #    `minibatch.results` 的同名量对账。
 # 2. `np.argmax(np.diff(tokens))` 找到最大间隔，它的起止时刻落在某个 `StepRecord` 的 `start_time` 与
-#    `start_time + duration` 之间；那一步的 `num_prefill_tokens` 通常是几百上千——一个新请求的预填充挤进了这一步。
+#    `start_time + duration` 之间；这次运行里那一步有 {{worst_step.num_prefill_tokens}} 个预填充 Token——一个新请求的预填充
+#    挤进了这一步。
 # 3. 用户少时，闭环把到达率压到远低于计划（校正后的 TTFT 巨大，报告的 TTFT 很小）；用户足够多时，每个用户都不再等上一个请求，
 #    计划发送时刻几乎都能按时发出，闭环就退化成开环，两者趋于一致。
 # 4. 突发到达在同样的平均速率下让排队更严重（第 3 章的 $C_a^2$），拐点提前、容量变小。
