@@ -23,6 +23,7 @@
 
 # %%
 import inspect
+import time
 from pathlib import Path
 
 import ipywidgets as W
@@ -109,14 +110,8 @@ excerpt(LLMEngine.step, "def step", "policy.on_step(")
 # %% [markdown]
 # ## 9.2 一个可以逐步复盘的实验
 #
-# 为了每一步都看得清，实验刻意做得很小：嵌入的 tiny 模型（CPU）、虚拟时钟（Virtual Clock）、
-# KV 池只有 12 个块（每块 8 个 Token）、每步最多 3 个序列、Token 预算只有 32。
-# 四个请求：A 带停止字符串 `"."`，B 的提示很长（要被切块），C 很短，D 在前三步跑完之后才到达。
-# 调度决策只取决于“第几步”和生成的 Token，与机器快慢无关，所以下面的复盘每次运行都相同；
-# 只有时间戳（每步的实测耗时）会变，因此表格里只写步号。
-#
-# 我们不改引擎的任何逻辑，只在三个地方“旁听”：`engine.subscribe` 订阅请求事件；
-# 把 `scheduler.schedule` 与 `executor.prepare` 各包一层记录函数，保存每一步的批与压平后的输入。
+# 为了每一步都看得清，实验刻意做得很小：嵌入的 tiny 模型（CPU）、虚拟时钟（Virtual Clock）、一个很小的 KV 池、
+# 很少的序列数与很小的 Token 预算，再加几个各有特点的请求：
 
 # %%
 CONFIG = dict(model="tiny", max_num_seqs=3, max_num_batched_tokens=32, block_size=8, num_kv_blocks=12)
@@ -130,7 +125,17 @@ PROMPTS = {
 }
 LATE = {"D": 3}            # D arrives once three steps have run (just before step 3)
 
+# %% [markdown]
+# KV 池只有 {{CONFIG['num_kv_blocks']}} 个块（每块 {{CONFIG['block_size']}} 个 Token）、每步最多 {{CONFIG['max_num_seqs']}} 个序列、
+# Token 预算只有 {{CONFIG['max_num_batched_tokens']}}。{{len(PROMPTS)}} 个请求：A 带停止字符串 `"."`，B 的提示很长（要被切块），
+# C 很短，D 在前 {{LATE['D']}} 步跑完之后才到达。
+# 调度决策只取决于“第几步”和生成的 Token，与机器快慢无关，所以下面的复盘每次运行都相同；
+# 只有时间戳（每步的实测耗时）会变，因此表格里只写步号。
+#
+# 我们不改引擎的任何逻辑，只在三个地方“旁听”：`engine.subscribe` 订阅请求事件；
+# 把 `scheduler.schedule` 与 `executor.prepare` 各包一层记录函数，保存每一步的批与压平后的输入。
 
+# %%
 def traced_run(**overrides):
     """Run the four requests step by step; record events, each step's batch and its flattened inputs."""
     eng = LLMEngine(EngineConfig.from_kwargs(**{**CONFIG, **overrides}), clock="virtual")
@@ -168,7 +173,9 @@ def traced_run(**overrides):
     return eng, trace
 
 
+t_run = time.perf_counter()
 eng, trace = traced_run()
+t_run = time.perf_counter() - t_run
 req = {rid: eng.requests[rid] for rid in PROMPTS}
 print("prompt tokens:", {rid: r.num_prompt_tokens for rid, r in req.items()})
 print(f"{len(eng.steps)} steps; KV pool {eng.kv.num_blocks} blocks x {eng.kv.block_size} tokens")
@@ -240,13 +247,17 @@ for k, (items, preempted) in enumerate(trace["batches"][:8]):
 steps = eng.steps
 budget = CONFIG["max_num_batched_tokens"]
 tokens = [s.num_prefill_tokens + s.num_decode_tokens for s in steps]
-assert max(tokens) <= budget, "the prose says no step exceeds the token budget"
-assert max(s.num_seqs for s in steps) <= CONFIG["max_num_seqs"], "the prose says no step exceeds max_num_seqs"
 chunks_B = [n for items, _ in trace["batches"] for rid, c, n in items if rid == "B" and c < req["B"].num_prompt_tokens]
 first_D = next(k for k, (items, _) in enumerate(trace["batches"]) if any(r == "D" for r, _, _ in items))
 arrive_D = next(k for k, e, r, _ in trace["events"] if e == "arrival" and r == "D")
 preempt_step, victim = next((k, p[0]) for k, (_, p) in enumerate(trace["batches"]) if p)
 recompute = next(n for items, _ in trace["batches"][preempt_step + 1:] for r, c, n in items if r == victim)
+print(f"B's prompt in chunks of {chunks_B}; D arrives before step {arrive_D}, first scheduled in step {first_D}")
+print(f"step {preempt_step}: {victim} preempted, then recomputes {recompute} tokens at once")
+
+# %% tags=["check"]
+assert max(tokens) <= budget, "the prose says no step exceeds the token budget"
+assert max(s.num_seqs for s in steps) <= CONFIG["max_num_seqs"], "the prose says no step exceeds max_num_seqs"
 assert len(chunks_B) >= 2 and sum(chunks_B) == req["B"].num_prompt_tokens, "B's prefill is chunked"
 b0, b1 = (dict((r, (c, n)) for r, c, n in items) for items, _ in trace["batches"][:2])
 assert b0["A"] == (0, req["A"].num_prompt_tokens) and b0["B"][1] == budget - req["A"].num_prompt_tokens, \
@@ -259,15 +270,14 @@ items_p = [r for r, _, _ in trace["batches"][preempt_step][0]]
 assert victim == "C" and first_D == preempt_step and "D" in items_p, \
     "the prose says: C preempts itself (only the waiting D is behind it) and D is admitted in that step"
 assert eng.steps[preempt_step - 1].kv_blocks_used == eng.kv.num_blocks, "the pool was full before the preemption"
-print(f"B's prompt in chunks of {chunks_B}; D arrives before step {arrive_D}, first scheduled in step {first_D}")
-print(f"step {preempt_step}: {victim} preempted, then recomputes {recompute} tokens at once")
 
 # %% [markdown]
 # 对照打印出来的批读一遍调度规则：
 #
 # - **预算与分块。** B 的提示有 {{req["B"].num_prompt_tokens}} 个 Token，超过预算 {{budget}}，
 #   于是被切成 {{len(chunks_B)}} 块（{{", ".join(map(str, chunks_B))}}）：第 0 步 A 的整段提示先占了预算，B 只拿到剩下的；
-#   第 1 步 A 已在解码（1 个 Token），B 拿到其余的预算。没有一步超过预算，也没有一步超过 `max_num_seqs`（上面的单元格断言了这两点）。
+#   第 1 步 A 已在解码（{{b1['A'][1]}} 个 Token），B 拿到其余的预算。没有一步超过预算，也没有一步超过 `max_num_seqs`
+#   （上面折叠的检查单元格断言了这两点）。
 # - **序列数上限。** D 在第 {{arrive_D}} 步之前到达，可直到第 {{first_D}} 步才被调度：在那之前每一步都已有
 #   {{CONFIG["max_num_seqs"]}} 个请求（`max_num_seqs`），它只能等。
 # - **抢占与重算。** 第 {{preempt_step}} 步，{{victim}} 的下一个 Token 需要一个新块，而 {{eng.kv.num_blocks}} 个块已全部被占用；
@@ -318,7 +328,7 @@ print("positions   :", inp["pos"][:8], "...", inp["pos"][-3:])
 print("slot_mapping:", inp["slots"][:8], "...", inp["slots"][-3:])
 print("rows that sample:", inp["sample_idx"], "->", inp["samplers"])
 
-# %%
+# %% tags=["check"]
 dec_first = all(inp["num_decode"] == sum(1 for _, _, n in b if n == 1) for b, inp in
                 zip((b for b, _ in trace["batches"]), trace["inputs"]))
 rows_ok = all(len(inp["ids"]) == sum(n for _, _, n in b) for (b, _), inp in zip(trace["batches"], trace["inputs"]))
@@ -326,7 +336,7 @@ assert dec_first and rows_ok, "the prose says: one row per new token, the decode
 n_rows = len(trace["inputs"][k]["ids"])
 
 # %% [markdown]
-# 第 {{k}} 步一共 {{n_rows}} 行（每个新 Token 一行；全部步都如此，上面的单元格断言了“行数 = 本步 Token 数、解码行在前”）。
+# 第 {{k}} 步一共 {{n_rows}} 行（每个新 Token 一行；全部步都如此，上面折叠的检查单元格断言了“行数 = 本步 Token 数、解码行在前”）。
 # 模型每一层先按 `slot_mapping` 把新 K/V 写进缓存，再做注意力；`execute` 只在需要采样的行上算 LM Head 的 logits，
 # 再交给采样器。某一行的采样若出错（例如一个请求的参数让采样器溢出），只有这一行的请求记入 `failed`，
 # 引擎中止它并附上错误，其余请求照常拿到 Token（“一个坏请求不拖垮别人”）：
@@ -378,15 +388,18 @@ for rid in PROMPTS:
 
 # %%
 oa = eng.output("A").outputs[0]
+n_A = len(oa.token_ids)
+victim_preemptions = eng.output(victim).metrics.num_preemptions
+
+# %% tags=["check"]
 assert oa.finish_reason == "stop" and oa.stop_reason == "." and "." not in oa.text, "A stops on its stop string"
 assert all(eng.output(r).outputs[0].finish_reason == "length" for r in "BCD")
-assert eng.output(victim).metrics.num_preemptions == 1
-n_A = len(oa.token_ids)
+assert victim_preemptions == 1, "the prose says the victim was preempted once"
 
 # %% [markdown]
 # A 在生成第 {{n_A}} 个 Token 时文本里出现了停止字符串 `"."`：结束原因是 `stop`，`stop_reason` 记下命中的字符串，
 # 返回的文本截在它之前（vLLM 的默认行为，`include_stop_str_in_output=False`）；B、C、D 都是生成满 `max_tokens` 后以 `length` 结束；
-# {{victim}} 的记录里有 1 次抢占。请求结束时它的块全部还回池子，运行结束后池子又是满的：
+# {{victim}} 的记录里有 {{victim_preemptions}} 次抢占。请求结束时它的块全部还回池子，运行结束后池子又是满的：
 
 # %%
 eng.kv.check_invariants()
@@ -437,11 +450,12 @@ ax.set_title(f"The traced run: budget {budget} tokens (dashed), max_num_seqs {CO
 plt.show()
 
 # %% [markdown]
-# **动手**：换一组引擎参数重跑同一个实验。把预算调大，B 就不再被切块；把 `max_num_seqs` 调到 4，D 一到就能入批；
-# 把 KV 块调多，抢占就消失。（每次重跑都是真实的 tiny 模型，几十毫秒。）
+# **动手**：换一组引擎参数重跑同一个实验。把预算调大，B 就不再被切块；把 `max_num_seqs` 调到 {{CONFIG['max_num_seqs'] + 1}}，
+# D 一到就能入批；把 KV 块调多，抢占就消失。（每次重跑都是真实的 tiny 模型，9.2 节那一次连同创建引擎用了 {{t_run:.1f}} s。）
 
 # %% tags=["nbval-ignore-output"]
-def explore(max_num_batched_tokens=32, max_num_seqs=3, num_kv_blocks=12):
+def explore(max_num_batched_tokens=CONFIG["max_num_batched_tokens"], max_num_seqs=CONFIG["max_num_seqs"],
+            num_kv_blocks=CONFIG["num_kv_blocks"]):
     e, t = traced_run(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                       num_kv_blocks=num_kv_blocks)
     ax = draw_trace(e, t, max_num_batched_tokens)
@@ -451,9 +465,24 @@ def explore(max_num_batched_tokens=32, max_num_seqs=3, num_kv_blocks=12):
 
 
 W.interact(explore,
-           max_num_batched_tokens=W.IntSlider(value=32, min=8, max=96, step=8, continuous_update=False),
-           max_num_seqs=W.IntSlider(value=3, min=1, max=4, continuous_update=False),
-           num_kv_blocks=W.IntSlider(value=12, min=12, max=32, step=2, continuous_update=False));
+           max_num_batched_tokens=W.IntSlider(value=budget, min=8, max=96, step=8, continuous_update=False),
+           max_num_seqs=W.IntSlider(value=CONFIG["max_num_seqs"], min=1, max=CONFIG["max_num_seqs"] + 1,
+                                    continuous_update=False),
+           num_kv_blocks=W.IntSlider(value=CONFIG["num_kv_blocks"], min=CONFIG["num_kv_blocks"], max=32, step=2,
+                                     continuous_update=False));
+
+# %% tags=["check"]
+# The exercises' settings, and what their hints claim about them.
+EX_BUDGET, EX_SEQS = 48, CONFIG["max_num_seqs"] + 1
+e48, t48 = traced_run(max_num_batched_tokens=EX_BUDGET)
+chunks48 = [n for items, _ in t48["batches"] for rid, c, n in items if rid == "B" and c < req["B"].num_prompt_tokens]
+c_first48 = next(k for k, (items, _) in enumerate(t48["batches"]) if any(r == "C" for r, _, _ in items))
+assert len(chunks48) == 2 and c_first48 == 1, "hint 1: B in two chunks, C admitted in step 1"
+assert sum(n for *_, n in t48["batches"][1][0]) < EX_BUDGET, "hint 1: step 1 leaves budget over"
+e4, t4 = traced_run(max_num_seqs=EX_SEQS)
+victims4 = [v for _, pre in t4["batches"] for v in pre]
+assert victims4[0] == "D" and "C" in victims4, "hint 2: D is preempted first, C later"
+
 
 # %% [markdown]
 # ## 9.9 对照 vLLM V1
@@ -502,8 +531,8 @@ W.interact(explore,
 #
 # ## 练习
 #
-# 1. **预算与块。** 用 9.8 节的控件把预算调到 48。B 被切成几块？第 0 步和第 1 步各算了哪些 Token？先推理，再运行验证。
-# 2. **牺牲者是谁。** 抢占发生时，为什么被抢占的是 9.4 节复盘里的那个请求、而不是 A 或 B？如果把 `CONFIG` 里的 `max_num_seqs` 改成 4，
+# 1. **预算与块。** 用 9.8 节的控件把预算调到 {{EX_BUDGET}}。B 被切成几块？第 0 步和第 1 步各算了哪些 Token？先推理，再运行验证。
+# 2. **牺牲者是谁。** 抢占发生时，为什么被抢占的是 9.4 节复盘里的那个请求、而不是 A 或 B？如果把 `CONFIG` 里的 `max_num_seqs` 改成 {{EX_SEQS}}，
 #    抢占会在哪一步发生、谁是牺牲者？
 # 3. **停止字符串的代价。** A 的停止字符串要在反分词后的文本里查找。若停止字符串横跨两个 Token（例如 `"cloudy day"`），
 #    引擎在哪一步发现它？返回的文本包含这两个 Token 中的哪些？
@@ -515,10 +544,10 @@ W.interact(explore,
 # <details><summary>提示与参考答案</summary>
 #
 # 1. 第 0 步 A 的整段提示先拿预算，B 拿剩下的；第 1 步 A 只解码一个 Token，B 剩下的提示比余下的预算少，一次算完，
-#    于是 B 只被切成两块，而且预算还有剩余，C 也在第 1 步就入批。用控件验证：格子里的数字就是每步的 $n$。
+#    于是 B 只被切成 {{len(chunks48)}} 块（{{'、'.join(map(str, chunks48))}}），而且预算还有剩余，C 也在第 {{c_first48}} 步就入批。用控件验证：格子里的数字就是每步的 $n$。
 # 2. 牺牲者从顺序的末尾、且“本步还没排进批”的运行中请求里选；那一步顺序是 `[A, B, C] + [D]`，需要新块的是 C 自己，
-#    它后面只有等待中的 D，所以 C 抢占了自己。`max_num_seqs=4` 时 D 一到就入批，它排在运行队列的最末，
-#    块一用完，最先被抢占的就是它；之后 C 也会被抢占。用 `traced_run(max_num_seqs=4)` 打印 `trace["batches"]` 看具体步号。
+#    它后面只有等待中的 D，所以 C 抢占了自己。`max_num_seqs={{EX_SEQS}}` 时 D 一到就入批，它排在运行队列的最末，
+#    块一用完，最先被抢占的就是它；之后 C 也会被抢占。用 `traced_run(max_num_seqs={{EX_SEQS}})` 打印 `trace["batches"]` 看具体步号。
 # 3. 引擎每追加一个 Token 就检查一次完整文本，所以在第二个 Token 到来的那一步发现；返回的文本截在停止字符串开始处，两个 Token 都不包含。
 # 4. 循环从 `while req_index < len(self.running) and token_budget > 0:` 开始；`num_new_tokens = min(num_new_tokens, token_budget)`
 #    是分块，`allocate_slots` 失败后的 `self.running.pop()` 是抢占。`continue` 是为了让排在后面的请求在前一个请求暂时不能调度
