@@ -20,7 +20,7 @@
 # - 写出三种容量策略 `GUARANTEED_NO_EVICT`、`MAX_UTILIZATION`、`STATIC_BATCH` 的准入条件，在手工构造的调度器状态上预言并验证每条规则的决定，
 #   包括 `MAX_UTILIZATION` 的**暂停**（Pause）：暂停最后开始的请求，本次迭代在它的位置结束；
 # - 写出微批调度器的 Token 预算：生成请求先占，上下文按先来先服务（FCFS）分块，切短的块向下取整到 `tokens_per_block` 的整数倍；
-# - 在模拟的 Llama-2-7B / A10 上、稳态、3 个种子下比较三种容量策略的抢占、吞吐、TTFT/TPOT 尾部、KV 占用与预留，以及 SLO 下的服务容量（Capacity）；
+# - 在模拟的 Llama-2-7B / A10 上、稳态、多个种子下比较三种容量策略的抢占、吞吐、TTFT/TPOT 尾部、KV 占用与预留，以及 SLO 下的服务容量（Capacity）；
 # - 量出 `max_num_tokens` 与上下文分块（Context Chunking）对 TTFT、生成停顿（ITL 尾部）的影响；
 # - 在真实的 tiny 模型上验证：`trtllm` 预设下（含暂停与重算），贪心输出逐 Token 不变。
 
@@ -38,7 +38,7 @@ import torch
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 import minibatch
-from minibatch import EngineConfig, presets
+from minibatch import EngineConfig, presets, tune
 from minibatch.admission import GuaranteedNoEvict, StaticBatch
 from minibatch.kv_cache import KVCacheManager
 from minibatch.policies.trtllm import TRTLLMPolicy
@@ -59,7 +59,10 @@ SLO, TARGET = {"ttft": 1.0, "tpot": 0.060}, 0.9                              # p
 CHAT_P = dict(prompt=192, output=256, sigma=0.6, max=1024)                   # 15.4: chat lengths (lognormal medians)
 CHAT = dict(input_len=lognormal(median=CHAT_P["prompt"], sigma=CHAT_P["sigma"], max=CHAT_P["max"]),
             output_len=lognormal(median=CHAT_P["output"], sigma=CHAT_P["sigma"], max=CHAT_P["max"]))
-RAG_P = dict(prompt=1500, prompt_max=3500, output=128, rate=0.4)             # 15.5: long prompts
+RAG_P = dict(prompt=1500, prompt_max=3500, output=128, rate=0.4, n=160)      # 15.5: long prompts, 400 s of arrivals
+RAG_CAP = dict(lo=0.3, hi=1.0, tol=0.1, target=0.9, trim=0.2, duration_s=240.0, processes=2)   # 15.5: capacity, bisection
+CAP_PAIR = {"no chunking, 8192": dict(max_num_batched_tokens=8192, enable_chunked_prefill=False),   # 15.5: compared
+            "chunked, 512": dict(max_num_batched_tokens=512, enable_chunked_prefill=True)}
 CM = make_cost_model("llama-2-7b", "a10")                                    # the server's cost model
 TRIM, FULL = 0.2, 0.95                 # steady state: drop the first and last 20% of arrivals; "pool full" threshold
 MICRO = [("no chunking", 8192), ("chunked", 2048), ("chunked", 1024), ("chunked", 512), ("chunked", 256)]   # 15.5
@@ -200,6 +203,8 @@ for name in POLICIES:
     add_waiting(s, "w2", 4, 4, arrival=2.0)
     decisions[name] = decide(s) + (s.kv.num_free_blocks,)
     print(f"{name:<20} runs {decisions[name][0]}, free blocks after: {decisions[name][2]}")
+
+# %% tags=["check"]
 assert decisions["GUARANTEED_NO_EVICT"][0] == [("r", 1), ("w1", 8)], "GNE: w1 fits its whole future, w2 does not"
 assert decisions["MAX_UTILIZATION"][0] == [("r", 1), ("w1", 8), ("w2", 4)], "MU: this step's blocks fit for both"
 assert decisions["STATIC_BATCH"][0] == [("r", 1)], "STATIC: r is in progress, nobody joins"
@@ -282,10 +287,12 @@ micro_seqs = decide(micro_state("trtllm", max_num_seqs=3))[0]
 for name, items in micro.items():
     print(f"{name:<11} {items}  ({sum(n for _, n in items)} of 37 tokens)")
 print(f"trtllm with max_batch_size=3: {micro_seqs}")
+ex4 = {b: dict(decide(micro_state("trtllm", budget=b))[0]).get("n", 0) for b in (40, 41)}    # exercise 4's answer
+
+# %% tags=["check"]
 assert micro["trtllm"] == [("p", 30), ("d1", 1), ("d2", 1)], "n's chunk of 5 rounds down to 0 (blocks of 8)"
 assert micro["continuous"] == [("p", 30), ("d1", 1), ("d2", 1), ("n", 5)], "vLLM-style: n gets the 5 left"
 assert micro_seqs == [("p", 30), ("d1", 1), ("d2", 1)]
-ex4 = {b: dict(decide(micro_state("trtllm", budget=b))[0]).get("n", 0) for b in (40, 41)}    # exercise 4's answer
 
 # %% [markdown]
 # 两个解码先占 2 个 Token，`p` 拿走它剩下的全部 30 个（这是整段剩余，不取整），还剩 5 个：`trtllm` 把 `n` 的块 5 向下取整到
@@ -338,6 +345,8 @@ for rate in RATES:
             on_step = kv_trace(traces.setdefault(name, [])) if traced else None
             runs[name, rate, seed] = run(wl, **SIM, capacity_scheduler_policy=name, on_step=on_step)
 print(f"pool: {pool_tokens:,} tokens = {pool_blocks} blocks of {TRT['block_size']}; mean prompt + output {mean_len:.0f} tokens")
+print(f"exercise 2 (seed 1): mean prompt {mean_p:.0f}, mean output {mean_o:.0f}; GNE reserves ~{mean_p + mean_o:.0f} tokens a "
+      f"request, ~{mean_p + 2 * mean_o:.0f} if max_tokens is twice the output: {over_ask:.0%} as many requests fit")
 
 # %% [markdown]
 # 池里能放 {{pool_tokens:,}} 个 Token（{{pool_blocks}} 块），每个请求的提示加输出平均 {{mean_len:.0f}} 个 Token，
@@ -375,6 +384,8 @@ md_table(["req/s", "GNE: attainment", "GNE: TTFT p99 (s)", "GNE: TPOT p99 (ms)",
 gne_cap, mu_cap = cap["GUARANTEED_NO_EVICT"], cap["MAX_UTILIZATION"]
 mu_first_pause = min(r for r in RATES if sweep[BOTH[1], r, "num_preemptions"] > 0)
 print("capacity (req/s):", cap, "| MU pauses from", mu_first_pause, "req/s")
+
+# %% tags=["check"]
 assert mu_cap > gne_cap, "the prose says MAX_UTILIZATION serves a higher rate under this SLO"
 assert all(sweep[BOTH[0], r, "num_preemptions"] == 0 for r in RATES), "GNE never pauses"
 assert sweep[BOTH[1], RATES[0], "num_preemptions"] == 0 < sweep[BOTH[1], RATES[-1], "num_preemptions"], \
@@ -469,39 +480,88 @@ assert abs(gne_tok - mu_tok) / mu_tok < 0.05, "below saturation both serve the o
 #
 # 容量调度器决定“谁能占 KV”，微批调度器决定“这一步算多少”。长提示在不分块时要一步算完：它所在的那一步，
 # 正在解码的请求都得等这次长预填充——第 11 章的**生成停顿**。下面换一个 RAG 式负载（提示词中位数 {{RAG_P["prompt"]}}、最长 {{RAG_P["prompt_max"]}}；
-# 输出中位数 {{RAG_P["output"]}}），到达率 {{RAG_P["rate"]}} req/s，在同一台 A10 上、`GUARANTEED_NO_EVICT` 下比较：不分块
-# （默认的 `max_num_tokens` = {{TRT["max_num_batched_tokens"]}}）与分块（`max_num_tokens` 取 {{[T for m, T in MICRO if m == "chunked"]}}）。生成停顿看**每个 Token 间隔**（ITL）的 p99：
+# 输出中位数 {{RAG_P["output"]}}），到达率 {{RAG_P["rate"]}} req/s、每次 {{RAG_P["n"]}} 个请求（约 {{RAG_P["n"] / RAG_P["rate"]:.0f}} s 的到达），
+# {{len(SEEDS)}} 个种子，在同一台 A10 上、`GUARANTEED_NO_EVICT` 下比较：不分块
+# （默认的 `max_num_tokens` = {{TRT["max_num_batched_tokens"]}}）与分块（`max_num_tokens` 取 {{[T for m, T in MICRO if m == "chunked"]}}）。
+# 生成停顿看**每个 Token 间隔**（ITL）的 p99；每格是 {{len(SEEDS)}} 个种子的中位数与最小–最大：
 
 # %%
 RAG = dict(input_len=lognormal(median=RAG_P["prompt"], sigma=0.4, max=RAG_P["prompt_max"]),
            output_len=lognormal(median=RAG_P["output"], sigma=0.5, max=512))
-rag = synthetic(160, RAG_P["rate"], **RAG, seed=1)
-assert (rag.prompt_lens + rag.output_lens).max() <= pool_tokens, "every RAG request fits the pool"
-ms = {(mode, T): run(rag, **SIM, max_num_batched_tokens=T, enable_chunked_prefill=(mode == "chunked")).summary(trim=TRIM)
+rag = {seed: synthetic(RAG_P["n"], RAG_P["rate"], **RAG, seed=seed) for seed in SEEDS}
+assert all((w.prompt_lens + w.output_lens).max() <= pool_tokens for w in rag.values()), "every RAG request fits the pool"
+keys = [(mode, T, seed) for seed in SEEDS for mode, T in MICRO]
+msd = dict(zip(keys, tune.summaries([(rag[seed], {**SIM, "max_num_batched_tokens": T, "enable_chunked_prefill": mode == "chunked"})
+                                     for mode, T, seed in keys], trim=TRIM)))
+ms = {(mode, T): {k: float(np.median([msd[mode, T, seed][k] for seed in SEEDS])) for k in ("ttft_p50", "ttft_p99", "itl_p99",
+                                                                                         "tpot_p50", "throughput_tok_s")}
       for mode, T in MICRO}
+
+
+def mm(mode, T, key, scale=1.0, fmt=".2f"):
+    """Median (min-max) over the seeds of one summary key, as the table prints it."""
+    v = [msd[mode, T, seed][key] * scale for seed in SEEDS]
+    return f"{np.median(v):{fmt}} ({min(v):{fmt}}–{max(v):{fmt}})"
+
+
 fig, ax = plt.subplots(figsize=(6.5, 3.2))
-for (mode, T), s in ms.items():
-    ax.scatter(s["ttft_p50"], s["itl_p99"] * 1e3, s=40, color="C3" if mode != "chunked" else "C0")
-    ax.annotate(f"{mode}, {T}", (s["ttft_p50"], s["itl_p99"] * 1e3), fontsize=7, xytext=(4, 2), textcoords="offset points")
-ax.set(xlabel="TTFT p50 (s)", ylabel="ITL p99 (ms)", title="max_num_tokens and chunking, RAG-like load on A10 (GNE)")
+for mode, T in MICRO:
+    xs = [msd[mode, T, seed]["ttft_p50"] for seed in SEEDS]
+    ys = [msd[mode, T, seed]["itl_p99"] * 1e3 for seed in SEEDS]
+    ax.scatter(xs, ys, s=12, color="C3" if mode != "chunked" else "C0", alpha=0.6)
+    ax.annotate(f"{mode}, {T}", (np.median(xs), np.median(ys)), fontsize=7, xytext=(4, 2), textcoords="offset points")
+ax.set(xlabel="TTFT p50 (s)", ylabel="ITL p99 (ms)", title=f"max_num_tokens and chunking, RAG-like load on A10 (GNE), "
+       f"{len(SEEDS)} seeds")
 ax.grid(alpha=0.3)
 plt.show()
 md_table(["config", "max_num_tokens", "TTFT p50 (s)", "TTFT p99 (s)", "ITL p99 (ms)", "TPOT p50 (ms)", "output tok/s"],
-         [[mode, T, f"{s['ttft_p50']:.2f}", f"{s['ttft_p99']:.2f}", f"{s['itl_p99'] * 1e3:.0f}", f"{s['tpot_p50'] * 1e3:.0f}",
-           f"{s['throughput_tok_s']:.0f}"] for (mode, T), s in ms.items()])
+         [[mode, T, mm(mode, T, "ttft_p50"), mm(mode, T, "ttft_p99"), mm(mode, T, "itl_p99", 1e3, ".0f"),
+           mm(mode, T, "tpot_p50", 1e3, ".0f"), mm(mode, T, "throughput_tok_s", 1, ".0f")] for mode, T in MICRO])
 
 # %% tags=["nbval-check-output"]
 stall_off, stall_256 = ms["no chunking", 8192]["itl_p99"], ms["chunked", 256]["itl_p99"]
 ttft_off, ttft_256 = ms["no chunking", 8192]["ttft_p50"], ms["chunked", 256]["ttft_p50"]
-print(f"ITL p99 {stall_off * 1e3:.0f} -> {stall_256 * 1e3:.0f} ms, TTFT p50 {ttft_off:.2f} -> {ttft_256:.2f} s")
-assert stall_256 < stall_off / 2, "the prose says small chunks cut the decode stall by more than half"
-assert ttft_256 > ttft_off, "the prose says small chunks cost TTFT"
+cut = [msd["chunked", 256, seed]["itl_p99"] / msd["no chunking", 8192, seed]["itl_p99"] for seed in SEEDS]
+print(f"medians: ITL p99 {stall_off * 1e3:.0f} -> {stall_256 * 1e3:.0f} ms, TTFT p50 {ttft_off:.2f} -> {ttft_256:.2f} s; "
+      f"ITL p99 ratio per seed {[round(c, 2) for c in cut]}")
+
+# %% tags=["check"]
+assert max(cut) < 0.5, "the prose says small chunks cut the decode stall by more than half, on every seed"
+assert all(msd["chunked", 256, seed]["ttft_p50"] > msd["no chunking", 8192, seed]["ttft_p50"] for seed in SEEDS), \
+    "the prose says small chunks cost TTFT, on every seed"
 
 # %% [markdown]
-# 不分块时 ITL 的 p99 是 {{stall_off * 1e3:.0f}} ms——一个上千 Token 的预填充在 A10 上要这么久，这一步里所有解码都停着；
+# 不分块时 ITL 的 p99 是 {{stall_off * 1e3:.0f}} ms（中位数）——一个上千 Token 的预填充在 A10 上要这么久，这一步里所有解码都停着；
 # 分块、`max_num_tokens` = {{MICRO[-1][1]}} 时降到 {{stall_256 * 1e3:.0f}} ms，代价是 TTFT 的中位数从 {{ttft_off:.2f}} s 升到 {{ttft_256:.2f}} s：
-# 一段长提示要分好几步才算完。这与第 11 章 vLLM 上的结论相同；TensorRT-LLM 的特殊之处只在于生成请求先占预算、切短的块取整到
-# `tokens_per_block`。TensorRT-LLM 默认**不分块**、`max_num_tokens` = {{TRT["max_num_batched_tokens"]}}：对长提示的 RAG 负载，打开 `enable_chunked_prefill`
+# 一段长提示要分好几步才算完。两个方向在**每个种子上**都成立（ITL p99 之比 {{min(cut):.2f}}–{{max(cut):.2f}}），种子之间的差别远小于配置之间的差别。
+# 这与第 11 章 vLLM 上的结论相同；TensorRT-LLM 的特殊之处只在于生成请求先占预算、切短的块取整到 `tokens_per_block`。
+#
+# 换挡换来的是不是更多的服务容量？以本章的 SLO（TTFT ≤ {{SLO["ttft"]:g}} s、TPOT ≤ {{SLO["tpot"] * 1e3:.0f}} ms）对不分块与分块
+# `max_num_tokens` = {{CAP_PAIR["chunked, 512"]["max_num_batched_tokens"]}} 各在每个种子上二分容量（`tune.capacities`，{{RAG_CAP["lo"]:g}}–{{RAG_CAP["hi"]:g}} req/s，
+# 每次 {{RAG_CAP["duration_s"]:.0f}} s 的到达，区间两端相差不到 {{RAG_CAP["tol"]:.0%}} 为止）：
+
+# %% tags=["nbval-check-output"]
+cap_rag_wl = {seed: synthetic(int(RAG_CAP["hi"] * RAG_CAP["duration_s"]) + 1, RAG_P["rate"], **RAG, seed=seed) for seed in SEEDS}
+rag_cap = dict(zip(CAP_PAIR, (f.estimate for f in tune.capacities(cap_rag_wl, list(CAP_PAIR.values()), SLO, **RAG_CAP, **SIM))))
+md_table(["config", "capacity (req/s): median (min–max)", "per seed"],
+         [[name, f"{e:.2f}", " / ".join(f"{c:.2f}" for c in e.per_seed)] for name, e in rag_cap.items()])
+chunk_gain = rag_cap["chunked, 512"].median / rag_cap["no chunking, 8192"].median - 1
+chunk_paired = all(c >= n for n, c in zip(rag_cap["no chunking, 8192"].per_seed, rag_cap["chunked, 512"].per_seed))
+print(f"chunked vs not: {tune.verdict(rag_cap['chunked, 512'], rag_cap['no chunking, 8192'])}, median {chunk_gain:+.0%}; "
+      f"chunked >= not on every seed: {chunk_paired}")
+
+# %% tags=["check"]
+assert chunk_paired and tune.verdict(rag_cap["chunked, 512"], rag_cap["no chunking, 8192"]) == "overlap", \
+    "the prose: chunking never lowers the capacity on a seed, but the seeds do not separate the two"
+
+# %% [markdown]
+# 分块后容量的中位数是 {{rag_cap["chunked, 512"]:.2f}} req/s，不分块是 {{rag_cap["no chunking, 8192"]:.2f}} req/s（中位数与最小–最大）。
+# 在每个种子上，分块的容量都不低于不分块（同一个种子上的成对比较），中位数高 {{chunk_gain:.0%}}；但两者的范围重叠（`tune.verdict`：
+# {{tune.verdict(rag_cap["chunked, 512"], rag_cap["no chunking, 8192"])}}），以 {{len(SEEDS)}} 个种子、{{RAG_CAP["tol"]:.0%}} 的二分精度，
+# **不能说分块提高了容量**。站得住的是：分块没有降低容量，却把 ITL 的 p99 降到了不分块时的
+# {{ms["chunked", 512]["itl_p99"] / ms["no chunking", 8192]["itl_p99"]:.0%}}（{{CAP_PAIR["chunked, 512"]["max_num_batched_tokens"]}}）到
+# {{ms["chunked", 256]["itl_p99"] / ms["no chunking", 8192]["itl_p99"]:.0%}}（{{MICRO[-1][1]}}）。
+# TensorRT-LLM 默认**不分块**、`max_num_tokens` = {{TRT["max_num_batched_tokens"]}}：对长提示的 RAG 负载，打开 `enable_chunked_prefill`
 # 并调小 `max_num_tokens`，是在 TTFT 与解码平稳之间换挡。
 #
 # ## 15.6 在真实的 tiny 模型上：贪心输出不变
@@ -623,7 +683,8 @@ bench_real_server("TRTLLM_BASE_URL", "TensorRT-LLM", "TRTLLM_BENCH_ARGS")
 # - minibatch 用 `trtllm` 策略（到达顺序 + 三个调度器开关）和三种准入模式复现这些规则；编写本章时按源码修正了暂停后的遍历终点。
 # - 调度只改变先后，不改变结果：贪心输出在所有变体下逐 Token 相同。
 #
-# 下一章（第 16 章）看另一种路由式的设计：TGI 的路由器怎样决定何时暂停解码、插入预填充。
+# 下一章（第 16 章）看另一种路由式的设计：TGI 的路由器怎样决定何时暂停解码、插入预填充（TGI 自 2025-12 起处于维护模式，
+# 仓库 `README.md` 顶部的说明由 commit 55f7f7cb 加入，第 16 章开头有出处）。
 #
 # ## 练习
 #
