@@ -23,6 +23,7 @@ CONTIGUOUS_RESERVES = ("max_model_len", "request")
 EXECUTORS = ("model", "sim")
 ADMISSION_MODES = ("max_utilization", "guaranteed_no_evict", "conservative", "static_batch")
 PRESET_NAMES = ("vllm", "sglang", "trtllm", "tgi")
+KV_OFFLOAD_POLICIES = ("write_through", "write_back")
 # TensorRT-LLM's CapacitySchedulerPolicy names -> minibatch's admission modes (the same rules; see
 # minibatch.admission). ``capacity_scheduler_policy=`` is accepted as an alias of ``admission=``.
 CAPACITY_SCHEDULER_POLICIES = {"GUARANTEED_NO_EVICT": "guaranteed_no_evict",
@@ -132,6 +133,16 @@ class EngineConfig:
     attention_backend: str | None = option(None, "attention kernels (default: $MINIBATCH_KERNELS, else triton "
                                                  "on CUDA, cpu on CPU)", ATTENTION_BACKENDS)
     swap_space_blocks: int | None = option(None, "host blocks for swap preemption (default: as many as the pool)")
+    # A host tier below the device pool for prefix blocks (minibatch.kv_offload): off unless one is sized.
+    kv_offloading_size: float | None = option(None, "host tier for prefix-cache blocks, in GiB (vLLM's "
+                                                    "--kv-offloading-size; needs enable_prefix_caching)")
+    kv_offload_blocks: int = option(0, "host tier for prefix-cache blocks, in blocks (0: none; instead of "
+                                       "kv_offloading_size)")
+    kv_offload_policy: str = option("write_through", "when blocks reach the host tier: when computed, or when the "
+                                                     "device pool evicts them (SGLang's --hicache-write-policy)",
+                                    KV_OFFLOAD_POLICIES)
+    kv_offload_bandwidth: float = option(25e9, "simulator: host<->device copy bandwidth in bytes/s (PCIe Gen4 x16 "
+                                               "achieves ~25 GB/s per direction)")
     preset: str | None = option(None, "a framework's defaults (policy, admission, chunking, limits) for the "
                                       "options not given; see minibatch.presets.describe(name)", PRESET_NAMES)
     # TGI's router (policy "tgi", minibatch.policies.tgi); max_inflight_requests applies to every policy.
@@ -216,12 +227,29 @@ class EngineConfig:
                                                    or isinstance(self.swap_space_blocks, bool)
                                                    or self.swap_space_blocks < 0):
             raise ValueError(f"swap_space_blocks must be an integer >= 0, got {self.swap_space_blocks!r}")
+        self._validate_kv_offload()
         if not isinstance(self.max_wait_ms, (int, float)) or isinstance(self.max_wait_ms, bool) \
                 or not 0 <= self.max_wait_ms < float("inf"):
             raise ValueError(f"max_wait_ms must be a finite number >= 0, got {self.max_wait_ms!r}")
         if not isinstance(self.gpu_memory_utilization, (int, float)) \
                 or not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+
+    def _validate_kv_offload(self) -> None:
+        """The host tier's options (minibatch.kv_offload)."""
+        blocks, size, bw = self.kv_offload_blocks, self.kv_offloading_size, self.kv_offload_bandwidth
+        if not isinstance(blocks, int) or isinstance(blocks, bool) or blocks < 0:
+            raise ValueError(f"kv_offload_blocks must be an integer >= 0, got {blocks!r}")
+        if size is not None and (not isinstance(size, (int, float)) or isinstance(size, bool)
+                                 or not 0 < size < float("inf")):
+            raise ValueError(f"kv_offloading_size must be a number of GiB > 0, got {size!r}")
+        if blocks and size is not None:
+            raise ValueError("kv_offload_blocks and kv_offloading_size both size the host tier; pass one of them")
+        if not isinstance(bw, (int, float)) or isinstance(bw, bool) or not 0 < bw < float("inf"):
+            raise ValueError(f"kv_offload_bandwidth must be a finite number of bytes/s > 0, got {bw!r}")
+        if (blocks or size is not None) and not self.enable_prefix_caching:
+            raise ValueError("a host tier (kv_offload_blocks / kv_offloading_size) extends the prefix cache: "
+                             "it needs enable_prefix_caching=True")
 
 
 # -- the command line, generated from the fields ----------------------------------------------

@@ -18,6 +18,7 @@ from minibatch.admission import Overloaded
 from minibatch.clock import make_clock
 from minibatch.config import EngineConfig
 from minibatch.kv_cache import KVCacheManager
+from minibatch.kv_offload import make_host_tier
 from minibatch.timeline import StepRecord
 from minibatch.request import Request, RequestOutput, RequestStatus
 from minibatch.sampling_params import SamplingParams
@@ -47,6 +48,7 @@ class LLMEngine:
         self.kv = KVCacheManager(self.config.num_kv_blocks, self.config.block_size, self.config.enable_prefix_caching,
                                  allocator=self.config.kv_allocator, max_model_len=self.max_model_len,
                                  contiguous_reserve=self.config.contiguous_reserve)
+        self.kv.attach_host_tier(make_host_tier(self.config, executor))   # KV offloading; None when off
         self.scheduler = Scheduler(self.config, self.kv, max_model_len=self.max_model_len)
         if self.config.preemption_mode == "swap":
             from minibatch.swap import Swapper
@@ -196,7 +198,7 @@ class LLMEngine:
                 req.policy_state["_scheduled_once"] = True
                 self._emit("schedule", req)
         swapper = self.scheduler.swapper
-        swap_time = swapper.take_time() if swapper is not None else 0.0
+        swap_time = (swapper.take_time() if swapper is not None else 0.0) + self.kv.take_offload_time()
         try:
             out = self.executor.execute(batch, self.kv)
         except Exception as e:  # find the request(s) responsible; the rest of the batch goes on

@@ -79,6 +79,9 @@ class BlockPool:
         self.cached: dict[int, int] = {}          # block hash -> block id
         self.radix = radix
         self.num_evictions = 0
+        # Called with [(block hash, block id)] of cached blocks about to lose their prefix (a parent
+        # before its children), while their KV is still intact: the host tier's write-back store.
+        self.on_evict = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -90,10 +93,11 @@ class BlockPool:
         block = self.blocks[block_id]
         if block.block_hash is not None:
             self.num_evictions += 1
-            self._uncache(block_id)
-            if self.radix is not None:
-                for below in self.radix.remove(block_id)[1:]:
-                    self._uncache(below)
+            dropped = (self.radix.remove(block_id) if self.radix is not None else []) or [block_id]
+            if self.on_evict is not None:
+                self.on_evict([(self.blocks[b].block_hash, b) for b in dropped])
+            for b in dropped:
+                self._uncache(b)
         block.ref_cnt = 1
 
     def _uncache(self, block_id: int) -> None:
@@ -212,7 +216,13 @@ class KVCacheManager:
         self.req_hashes: dict[str, list[int]] = {}   # hashes of the request's full, computed blocks
         # Counters for the metrics (counted once per request, at its first admission).
         self.prefix_queries = 0
-        self.prefix_hits = 0
+        self.prefix_hits = 0           # tokens served from the cache, either tier
+        self.prefix_host_hits = 0      # of those, tokens loaded from the host tier
+        # The host tier below the pool (minibatch.kv_offload; None: off), and each waiting
+        # request's planned load: request id -> (device hit blocks, host block hashes).
+        self.host = None
+        self._host_plans: dict[str, tuple[list[int], list[int]]] = {}
+        self.host_hit_tokens: dict[str, int] = {}     # request id -> tokens its first admission loaded
         # External fragmentation: contiguous reservations refused although the free blocks
         # would have sufficed, and the free blocks at the last such refusal since the engine
         # last asked (take_stranded_blocks).
@@ -261,12 +271,33 @@ class KVCacheManager:
     def block_table(self, request_id: str) -> list[int]:
         return self.req_blocks.get(request_id, [])
 
+    # -- host tier -----------------------------------------------------------------
+    def attach_host_tier(self, host) -> None:
+        """Put a host tier (``minibatch.kv_offload.HostKVTier``) below the pool; None: none."""
+        if host is not None and not self.enable_prefix_caching:
+            raise ValueError("a host tier extends the prefix cache: it needs enable_prefix_caching=True")
+        self.host = host
+        self.pool.on_evict = host.store if host is not None and host.policy == "write_back" else None
+
+    def take_offload_time(self) -> float:
+        """Host-tier copy seconds since the last call (the engine adds them to the step)."""
+        return self.host.take_time() if self.host is not None else 0.0
+
+    def _drop_host_plan(self, request_id: str) -> tuple[list[int], list[int]] | None:
+        plan = self._host_plans.pop(request_id, None)
+        if plan is not None:
+            self.host.unpin(plan[1])
+        return plan
+
     # -- prefix cache ------------------------------------------------------------
     def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:
         """The longest cached prefix of ``req``: (block ids, number of tokens).
 
         At least one token is always left to compute, since the step that computes
-        it is the one that produces the next token's logits.
+        it is the one that produces the next token's logits. With a host tier the walk
+        goes on in host memory where the device misses: those tokens count too, the
+        block ids do not (they get new device blocks, filled by :meth:`allocate_slots`),
+        and the host blocks stay pinned until then.
         """
         if not self.enable_prefix_caching:
             return [], 0
@@ -281,7 +312,20 @@ class KVCacheManager:
             if block_id is None:
                 break
             hits.append(block_id)
-        return hits, len(hits) * bs
+        if self.host is None:
+            return hits, len(hits) * bs
+        self._drop_host_plan(req.request_id)
+        host_hits: list[int] = []
+        for i in range(len(hits), max_blocks):
+            if i > len(hits):
+                parent = hash_block(parent, tuple(tokens[i * bs:(i + 1) * bs]))
+            if parent not in self.host:
+                break
+            host_hits.append(parent)
+        if host_hits:
+            self.host.pin(host_hits)
+            self._host_plans[req.request_id] = (list(hits), host_hits)
+        return hits, (len(hits) + len(host_hits)) * bs
 
     def cached_prefix_len(self, req: Request) -> int:
         """Tokens of ``req`` a prefix hit would serve now, from the radix tree (for ``lpm``)."""
@@ -291,13 +335,15 @@ class KVCacheManager:
         return len(self.radix.match_prefix(req.all_token_ids, max_blocks)) * self.block_size
 
     def cache_full_blocks(self, req: Request) -> None:
-        """Register the request's newly completed blocks in the prefix cache."""
+        """Register the request's newly completed blocks in the prefix cache (and, with a
+        ``write_through`` host tier, copy them to the host)."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
         hashes = self.req_hashes.setdefault(req.request_id, [])
         blocks = self.req_blocks.get(req.request_id, [])
         num_full = req.num_computed_tokens // bs
+        first = len(hashes)
         tokens = None
         while len(hashes) < num_full:
             i = len(hashes)
@@ -308,6 +354,8 @@ class KVCacheManager:
             h = hash_block(parent, chunk)
             hashes.append(h)
             self.pool.register(blocks[i], h, parent, chunk)
+        if self.host is not None and self.host.policy == "write_through" and len(hashes) > first:
+            self.host.store(zip(hashes[first:], blocks[first:len(hashes)]), on_critical_path=False)
 
     # -- allocation --------------------------------------------------------------
     def num_free_hits(self, computed_blocks: list[int]) -> int:
@@ -350,6 +398,9 @@ class KVCacheManager:
                     parent = hash_block(parent, tuple(tokens[i * self.block_size:(i + 1) * self.block_size]))
                     hashes.append(parent)
                 self.req_hashes[req.request_id] = hashes
+            if self.host is not None:
+                self._load_host_hits(req, computed_blocks, need)
+                return True
         else:
             need = self.blocks_for(req.num_computed_tokens + num_new_tokens) - len(blocks)
             if need > self.pool.num_free_blocks:
@@ -358,8 +409,41 @@ class KVCacheManager:
             blocks.extend(self.pool.allocate(need))
         return True
 
+    def _load_host_hits(self, req: Request, computed_blocks: list[int], need: int) -> None:
+        """First allocation with a host tier: allocate ``need`` blocks and copy the host hits that
+        :meth:`get_computed_blocks` planned into the first of them, registering them in the
+        device cache again."""
+        plan = self._drop_host_plan(req.request_id)
+        host_hashes = plan[1] if plan is not None and plan[0] == computed_blocks else []
+        bs = self.block_size
+        if (len(computed_blocks) + len(host_hashes)) * bs != req.num_computed_tokens and host_hashes:
+            host_hashes = []          # a stale plan: the scheduler did not count these tokens
+        if host_hashes:
+            self.host.pin(host_hashes)            # allocating may evict (and store) device blocks
+        blocks = self.req_blocks[req.request_id]
+        if need > 0:
+            blocks.extend(self.pool.allocate(need))
+        if not host_hashes:
+            return
+        self.host.unpin(host_hashes)
+        n0 = len(computed_blocks)
+        targets = blocks[n0:n0 + len(host_hashes)]
+        self.host.load(host_hashes, targets)
+        hashes = self.req_hashes.setdefault(req.request_id, [])
+        tokens = req.all_token_ids
+        for i, (h, b) in enumerate(zip(host_hashes, targets), start=n0):
+            parent = hashes[-1] if hashes else None
+            chunk = tuple(tokens[i * bs:(i + 1) * bs])
+            hashes.append(h)
+            self.pool.register(b, h, parent, chunk)
+        if req.first_scheduled_time is None:      # counted once per request, like prefix_hits
+            self.prefix_host_hits += len(host_hashes) * bs
+            self.host_hit_tokens[req.request_id] = len(host_hashes) * bs
+
     def free(self, req: Request) -> None:
         """Release all of ``req``'s blocks (tail first, so a prefix outlives its tail in the LRU)."""
+        if self.host is not None:
+            self._drop_host_plan(req.request_id)
         blocks = self.req_blocks.pop(req.request_id, None)
         self.req_hashes.pop(req.request_id, None)
         if blocks:
@@ -429,3 +513,10 @@ class KVCacheManager:
             self.radix.check()
             assert set(self.radix._where) == set(self.pool.cached.values()), \
                 "the radix tree and the hash index disagree on the cached blocks"
+        if self.host is not None:
+            self.host.check()
+            planned: dict[int, int] = {}
+            for _, host_hashes in self._host_plans.values():
+                for h in host_hashes:
+                    planned[h] = planned.get(h, 0) + 1
+            assert planned == self.host.pins, "host pins disagree with the waiting requests' planned loads"
