@@ -38,6 +38,8 @@ from minibatch.workload import load_workload
 
 SIM = dict(executor="sim", model="llama-2-7b", hardware="a100-80g")   # the simulated server of this chapter
 GiB = 2**30
+ENGINE = EngineConfig()              # minibatch's defaults
+MAX_LEN = 4096                       # max_model_len of this chapter's workloads
 print("simulated server:", make_cost_model("llama-2-7b", "a100-80g"))
 
 # %% [markdown]
@@ -55,7 +57,7 @@ print("simulated server:", make_cost_model("llama-2-7b", "a100-80g"))
 # $$
 #
 # 算完之后 `num_computed_tokens` 加上 $n_i$；两个计数器一旦相等，请求就采样出下一个 Token，`num_tokens` 随之加一，差值又回到 1。
-# 用模拟器跑 4 个同时到达的请求，Token 预算很小、KV 池也故意给得很小（于是会切块、会抢占），逐步记下两个计数器：
+# 用模拟器跑几个同时到达的请求，Token 预算很小、KV 池也故意给得很小（于是会切块、会抢占），逐步记下两个计数器：
 
 # %% tags=["nbval-check-output"]
 DEMO = dict(num_kv_blocks=60, block_size=16, max_num_batched_tokens=256, max_num_seqs=8)
@@ -83,11 +85,13 @@ budget_used = [s.num_prefill_tokens + s.num_decode_tokens for s in eng.steps]
 print(f"{len(eng.steps)} steps, {sum(s.num_preempted for s in eng.steps)} preemption(s), "
       f"max tokens in a step {max(budget_used)} (budget {DEMO['max_num_batched_tokens']})")
 
-# %%
+# %% tags=["check"]
 # The rule, checked on every grant: n never exceeds the gap, and only the budget makes it smaller.
 for k, rid, n, gap in grants:
     assert 1 <= n <= gap, (k, rid, n, gap)
     assert n == gap or budget_used[k] == DEMO["max_num_batched_tokens"], f"step {k}: {rid} got {n} of {gap}"
+
+# %%
 kinds = {"prefill chunk": sum(1 for *_, n, gap in grants if 1 < n < gap),
          "prefill (whole rest)": sum(1 for *_, n, gap in grants if 1 < n == gap),
          "decode": sum(1 for *_, n, gap in grants if n == 1)}
@@ -111,10 +115,10 @@ victim = preempted[0]
 
 # %% [markdown]
 # 预算是 {{DEMO["max_num_batched_tokens"]}} 个 Token，KV 池只有 {{DEMO["num_kv_blocks"]}} 个块（每块 {{DEMO["block_size"]}} 个 Token）。
-# 四幅图里只有一种运动：橙线（`num_computed_tokens`）去追虚线（`num_tokens`）。陡峭的台阶是预填充——一步最多上升一个预算，
+# {{len(SPECS)}} 个请求同时到达，{{len(SPECS)}} 幅图里只有一种运动：橙线（`num_computed_tokens`）去追虚线（`num_tokens`）。陡峭的台阶是预填充——一步最多上升一个预算，
 # 长提示要爬好几级（分块预填充，{{kinds["prefill chunk"]}} 次分配）；两线重合后一起每步上升 1，这是解码（{{kinds["decode"]}} 次分配）；
 # {{victim}} 的橙线在 KV 池用尽时跌回 0——它被抢占、KV 被释放（Recompute）——随后以同样的台阶追回提示加已生成的全部 Token。
-# 上面的单元格对每一次分配检查了同一条规则：$n$ 从不超过差值，只有在预算用完的那一步才会小于差值。
+# 前面折叠的检查单元格对每一次分配检查了同一条规则：$n$ 从不超过差值，只有在预算用完的那一步才会小于差值。
 # 调度器不需要知道请求处在哪个“阶段”。
 #
 # ## 10.2 `gpu_memory_utilization` 与 KV 块数
@@ -145,18 +149,20 @@ print(inspect.getdoc(RooflineCostModel.kv_capacity_tokens))
 print("reserve A =", DEFAULT_ACTIVATION_RESERVE_BYTES / GiB, "GiB")
 
 # %% [markdown]
-# 用公式手算 Llama-2-7B 与 13B（bf16）在 A100-40G、A100-80G、H100 上、`gpu_memory_utilization=0.9`、`block_size=16` 的块数，
+# 用公式手算 Llama-2-7B 与 13B（bf16）在 A100-40G、A100-80G、H100 上、`gpu_memory_utilization={{ENGINE.gpu_memory_utilization}}`、
+# `block_size={{ENGINE.block_size}}`（minibatch 的默认值）的块数，
 # 再与模拟器真正建出的 KV 池（`SimExecutor` 读取 `EngineConfig`）对照。放不下的组合（权重加预留超过预算）不进表：
 
 # %%
-def blocks_by_hand(model, gpu, util=0.9, block_size=16, reserve=DEFAULT_ACTIVATION_RESERVE_BYTES):
+def blocks_by_hand(model, gpu, util=ENGINE.gpu_memory_utilization, block_size=ENGINE.block_size,
+                   reserve=DEFAULT_ACTIVATION_RESERVE_BYTES):
     m, hw = get_model_spec(model), make_cost_model(model, gpu).hardware
     page = 2 * block_size * m.num_kv_heads * m.head_dim * m.dtype_bytes          # bytes per block and layer
     free = hw.memory_bytes * util - m.weight_bytes - reserve
     return int(free // (page * m.num_layers)) if free > 0 else None
 
 
-rows, BLOCKS = [], {}
+rows, BLOCKS, BS = [], {}, ENGINE.block_size
 for model in ("llama-2-7b", "llama-2-13b"):
     for gpu in ("a100-40g", "a100-80g", "h100"):
         n = blocks_by_hand(model, gpu)
@@ -168,19 +174,24 @@ for model in ("llama-2-7b", "llama-2-13b"):
         per_token = 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
         BLOCKS[model, gpu] = n
         rows.append([model, gpu, f"{make_cost_model(model, gpu).hardware.memory_bytes / GiB:.0f}",
-                     f"{m.weight_bytes / GiB:.1f}", f"{per_token / 2**20:.2f}", f"{n:,}", f"{n * 16:,}",
-                     f"{n * 16 // 4096}"])
-md_table(["model", "GPU", "memory (GiB)", "weights (GiB)", "KV per token (MiB)", "blocks (16 tokens)", "KV tokens",
-          "4096-token sequences"], rows)
+                     f"{m.weight_bytes / GiB:.1f}", f"{per_token / 2**20:.2f}", f"{n:,}", f"{n * BS:,}",
+                     f"{n * BS // MAX_LEN}"])
+md_table(["model", "GPU", "memory (GiB)", "weights (GiB)", "KV per token (MiB)", f"blocks ({BS} tokens)", "KV tokens",
+          f"{MAX_LEN}-token sequences"], rows)
 M7, M13, M70 = (get_model_spec(m) for m in ("llama-2-7b", "llama-2-13b", "llama-2-70b"))
+MEM = {g: make_cost_model("llama-2-7b", g).hardware.memory_bytes / GiB for g in ("a100-40g", "a100-80g", "h100")}
+
+# %% tags=["check"]
+assert MEM["a100-80g"] == MEM["h100"] and BLOCKS["llama-2-7b", "a100-80g"] == BLOCKS["llama-2-7b", "h100"], \
+    "the prose says the same memory gives the same blocks"
 
 # %% [markdown]
 # 手算与模拟器建出的块数逐一相等（上面的单元格断言了这一点）。几个读数：
 #
-# - A100-80G 与 H100（SXM，80 GB）显存一样大，所以块数也一样：Llama-2-7B 有 {{BLOCKS["llama-2-7b", "a100-80g"]:,}} 个块，
-#   约能同时放下 {{BLOCKS["llama-2-7b", "a100-80g"] * 16 // 4096}} 条 4096 Token 的满长序列；两者的差别在算力和带宽（第 2 章），不在 KV 容量。
+# - A100-80G 与 H100（SXM）显存一样大（都是 {{MEM["h100"]:.0f}} GiB），所以块数也一样：Llama-2-7B 有
+#   {{BLOCKS["llama-2-7b", "a100-80g"]:,}} 个块，约能同时放下 {{BLOCKS["llama-2-7b", "a100-80g"] * BS // MAX_LEN}} 条 {{MAX_LEN}} Token 的满长序列；两者的差别在算力和带宽（第 2 章），不在 KV 容量。
 # - 13B 每个 Token 的 KV 更大（层数 {{M13.num_layers}}、KV 头数 {{M13.num_kv_heads}}，对 7B 的 {{M7.num_layers}}、{{M7.num_kv_heads}}），
-#   权重也大一倍，同一张 A100-80G 上块数只有 7B 的
+#   权重也大到 {{M13.weight_bytes / M7.weight_bytes:.1f}} 倍，同一张 A100-80G 上块数只有 7B 的
 #   {{BLOCKS["llama-2-13b", "a100-80g"] / BLOCKS["llama-2-7b", "a100-80g"]:.0%}}；在 A100-40G 上只剩 {{BLOCKS["llama-2-13b", "a100-40g"]:,}} 个块。
 #
 # 块数对利用率是线性的，但起点是“权重 + 预留”占掉的那一截：
@@ -193,9 +204,10 @@ for (model, gpu), style in zip([("llama-2-7b", "a100-80g"), ("llama-2-13b", "a10
     pts = [(u, blocks_by_hand(model, gpu, u)) for u in utils]
     pts = [(u, n) for u, n in pts if n]                       # a config that does not fit is not drawn
     ax.plot(*zip(*pts), style, label=f"{model} on {gpu}")
-ax.axvline(0.9, color="k", ls=":", lw=1)
-ax.text(0.905, ax.get_ylim()[1] * 0.9, "default 0.9", fontsize=7)
-ax.set(xlabel="gpu_memory_utilization", ylabel="KV blocks (16 tokens each)",
+ax.axvline(ENGINE.gpu_memory_utilization, color="k", ls=":", lw=1)
+ax.text(ENGINE.gpu_memory_utilization + 0.005, ax.get_ylim()[1] * 0.9, f"default {ENGINE.gpu_memory_utilization}",
+        fontsize=7)
+ax.set(xlabel="gpu_memory_utilization", ylabel=f"KV blocks ({BS} tokens each)",
        title="KV blocks vs gpu_memory_utilization (points that do not fit are left out)")
 ax.grid(alpha=0.3)
 ax.legend(fontsize=7)
@@ -251,8 +263,9 @@ print("EngineConfig defaults:", defaults)
 # %%
 SLO = {"ttft": 1.0, "tpot": 0.05}                 # per request, seconds
 N_REQ, SEEDS, TARGET, RATE_LO, RATE_HI, TOL = 160, (1, 2), 0.9, 2.0, 10.0, 0.08
+TRIM = 0.1                                         # share of the arrival span dropped at each end
 RATE, HEAT_RATE = 5.0, 6.0                         # fixed rates of the latency table and of the heat map
-wl_stats = load_workload("chat", n=N_REQ, rate=RATE, max_len=4096, seed=SEEDS[0]).stats()
+wl_stats = load_workload("chat", n=N_REQ, rate=RATE, max_len=MAX_LEN, seed=SEEDS[0]).stats()
 print(f"chat workload: prompt p50 {wl_stats['input_p50']:.0f}, output p50 {wl_stats['output_p50']:.0f} tokens; "
       f"SLO {SLO}; capacity at >= {TARGET:.0%} attainment, seeds {SEEDS}")
 
@@ -260,9 +273,9 @@ print(f"chat workload: prompt p50 {wl_stats['input_p50']:.0f}, output p50 {wl_st
 # 方法（第 8 章的方法论，这里严格执行）：
 #
 # - **负载**：`load_workload("chat")`（按 Azure 2023 对话 trace 拟合，gamma 到达；这份样本的提示中位数 {{wl_stats["input_p50"]:.0f}}、
-#   输出中位数 {{wl_stats["output_p50"]:.0f}} 个 Token，长度截到 `max_model_len=4096` 以内），每次运行 {{N_REQ}} 个请求。
+#   输出中位数 {{wl_stats["output_p50"]:.0f}} 个 Token，长度截到 `max_model_len={{MAX_LEN}}` 以内），每次运行 {{N_REQ}} 个请求。
 # - **SLO（对每个请求）**：TTFT ≤ {{SLO["ttft"]:g}} s 且 TPOT ≤ {{SLO["tpot"] * 1e3:.0f}} ms，两条都满足才算达标。
-# - **稳态**：只统计到达时刻落在运行中间 80% 的请求（`summary(trim=0.1)`，`minibatch.results.steady_state`），
+# - **稳态**：只统计到达时刻落在运行中间 {{1 - 2 * TRIM:.0%}} 的请求（`summary(trim={{TRIM}})`，`minibatch.results.steady_state`），
 #   去掉开头空载与结尾排空的部分。
 # - **服务容量**：达成率 ≥ {{TARGET:.0%}} 的最高到达率（DistServe 的定义），用 `minibatch.results.capacity` 在
 #   {{RATE_LO:g}}–{{RATE_HI:g}} req/s 之间二分搜索（相对分辨率 {{TOL:.0%}}，所以不同种子常落在同一个值上）；
@@ -272,8 +285,8 @@ print(f"chat workload: prompt p50 {wl_stats['input_p50']:.0f}, output p50 {wl_st
 
 
 def attainment(rate, seed, **cfg):
-    wl = load_workload("chat", n=N_REQ, rate=rate, max_len=4096, seed=seed)
-    return run(wl, **SIM, **cfg).summary(slo=SLO, trim=0.1)["slo_attainment"]
+    wl = load_workload("chat", n=N_REQ, rate=rate, max_len=MAX_LEN, seed=seed)
+    return run(wl, **SIM, **cfg).summary(slo=SLO, trim=TRIM)["slo_attainment"]
 
 
 _cap_cache = {}
@@ -308,7 +321,7 @@ for ax, (name, row) in zip(axes, caps.items()):
     ax.set_xticks(range(len(xs)), labels, fontsize=8)
     ax.set(xlabel=name, title=f"capacity vs {name}")
     ax.grid(axis="y", alpha=0.3)
-axes[0].set_ylabel("capacity (req/s)\nat >= 90% SLO attainment")
+axes[0].set_ylabel(f"capacity (req/s)\nat >= {TARGET:.0%} SLO attainment")
 fig.suptitle(f"llama-2-7b on A100-80G (simulated), chat workload, SLO TTFT <= {SLO['ttft']:g} s and TPOT <= "
              f"{SLO['tpot'] * 1e3:.0f} ms per request; red = vllm serve default on A100, bars = mean over "
              f"{len(SEEDS)} seeds, whiskers = range", fontsize=9)
@@ -317,34 +330,41 @@ plt.show()
 
 # %%
 cap = {name: {v: float(np.mean(c)) for v, c in row.items()} for name, row in caps.items()}
-c_def = cap["max_num_seqs"][256]
+S_LO, S_MID, S_DEF = SWEEPS["max_num_seqs"]
+U_LO, U_MID, U_DEF = SWEEPS["gpu_memory_utilization"]
+B_1, B_2, B_DEF, B_BIG = SWEEPS["max_num_batched_tokens"]
+c_def = cap["max_num_seqs"][S_DEF]
 best_budget = max(cap["max_num_batched_tokens"], key=cap["max_num_batched_tokens"].get)
-assert cap["max_num_seqs"][16] < c_def and cap["gpu_memory_utilization"][0.3] < c_def, \
-    "the prose says: too few sequences or too little KV costs capacity"
-assert cap["max_num_batched_tokens"][256] < cap["max_num_batched_tokens"][512], "the prose says 256 is too small"
-assert cap["max_num_batched_tokens"][8192] <= c_def * 1.02, "the prose says 8192 gains nothing over 2048"
-assert abs(cap["max_num_seqs"][32] - c_def) <= 0.15 * c_def, "the prose says 32 sequences are nearly enough"
-little = run(load_workload("chat", n=N_REQ, rate=RATE, max_len=4096, seed=SEEDS[0]), **SIM).summary(trim=0.1)
+little = run(load_workload("chat", n=N_REQ, rate=RATE, max_len=MAX_LEN, seed=SEEDS[0]), **SIM).summary(trim=TRIM)
 in_system = RATE * little["e2e_mean"]          # Little's law: L = lambda * W
-low_kv = run(load_workload("chat", n=N_REQ, rate=RATE, max_len=4096, seed=SEEDS[0]), **SIM,
-             gpu_memory_utilization=0.3).summary(trim=0.1)
+low_kv = run(load_workload("chat", n=N_REQ, rate=RATE, max_len=MAX_LEN, seed=SEEDS[0]), **SIM,
+             gpu_memory_utilization=U_LO).summary(trim=TRIM)
+print(f"at {RATE:g} req/s: {in_system:.0f} requests in the system on average; preemptions with {U_LO}: "
+      f"{low_kv['num_preemptions']}, with {U_DEF}: {little['num_preemptions']}")
+
+# %% tags=["check"]
+assert S_DEF == VLLM_SERVE_A100["max_num_seqs"] and U_DEF == VLLM_SERVE_A100["gpu_memory_utilization"] \
+    and B_DEF == VLLM_SERVE_A100["max_num_batched_tokens"], "the prose's red bars are the defaults"
+assert cap["max_num_seqs"][S_LO] < c_def and cap["gpu_memory_utilization"][U_LO] < c_def, \
+    "the prose says: too few sequences or too little KV costs capacity"
+assert cap["max_num_batched_tokens"][B_1] < cap["max_num_batched_tokens"][B_2], "the prose says 256 is too small"
+assert cap["max_num_batched_tokens"][B_BIG] <= c_def * 1.02, "the prose says 8192 gains nothing over 2048"
+assert abs(cap["max_num_seqs"][S_MID] - c_def) <= 0.15 * c_def, "the prose says 32 sequences are nearly enough"
 assert low_kv["num_preemptions"] > 0 and little["num_preemptions"] == 0, "the prose says little KV means preemptions"
-print(f"at {RATE:g} req/s: {in_system:.0f} requests in the system on average; preemptions with 0.3: "
-      f"{low_kv['num_preemptions']}, with 0.9: {little['num_preemptions']}")
 
 # %% [markdown]
 # 读图（每根柱子是 {{len(SEEDS)}} 个种子的均值，须线是范围；红色是 `vllm serve` 在 A100 上的默认值，容量 {{c_def:.2f}} req/s）：
 #
-# - **`max_num_seqs`**：16 个序列时容量只有 {{cap["max_num_seqs"][16]:.2f}} req/s。由 Little 定律（第 3 章），这个负载在
+# - **`max_num_seqs`**：{{S_LO}} 个序列时容量只有 {{cap["max_num_seqs"][S_LO]:.2f}} req/s。由 Little 定律（第 3 章），这个负载在
 #   {{RATE:g}} req/s 下系统里平均有 $\lambda \cdot \overline{E2E}$ = {{RATE:g}} × {{little["e2e_mean"]:.1f}} ≈ {{in_system:.0f}} 个请求；
-#   序列上限低于它，多出来的请求只能排队，TTFT 随之爆炸。32 时容量为 {{cap["max_num_seqs"][32]:.2f}} req/s，已接近默认 256 的
+#   序列上限低于它，多出来的请求只能排队，TTFT 随之爆炸。{{S_MID}} 时容量为 {{cap["max_num_seqs"][S_MID]:.2f}} req/s，已接近默认 {{S_DEF}} 的
 #   {{c_def:.2f}} req/s：上限一旦高于系统里的平均请求数，再调大的收益就很小。
-# - **`gpu_memory_utilization`**：0.3 时 KV 只有 {{BLOCKS_U[0.3]:,}} 个块，容量降到 {{cap["gpu_memory_utilization"][0.3]:.2f}} req/s——
-#   块不够时请求被抢占、重算（{{RATE:g}} req/s 时稳态窗口内有 {{low_kv["num_preemptions"]}} 次抢占，0.9 时为 {{little["num_preemptions"]}} 次），
-#   序列数实际上被 KV 限制住了；0.5 时 {{BLOCKS_U[0.5]:,}} 个块，容量为 {{cap["gpu_memory_utilization"][0.5]:.2f}} req/s。
-# - **`max_num_batched_tokens`**：预算 256 时容量为 {{cap["max_num_batched_tokens"][256]:.2f}} req/s：提示要切成太多块，TTFT 变长；
-#   512 时 {{cap["max_num_batched_tokens"][512]:.2f}} req/s，是这组里{{"最高" if best_budget == 512 else "较高"}}的；
-#   2048 与 8192 几乎相同（{{cap["max_num_batched_tokens"][2048]:.2f}} 与 {{cap["max_num_batched_tokens"][8192]:.2f}} req/s）——
+# - **`gpu_memory_utilization`**：{{U_LO}} 时 KV 只有 {{BLOCKS_U[U_LO]:,}} 个块，容量降到 {{cap["gpu_memory_utilization"][U_LO]:.2f}} req/s——
+#   块不够时请求被抢占、重算（{{RATE:g}} req/s 时稳态窗口内有 {{low_kv["num_preemptions"]}} 次抢占，{{U_DEF}} 时为 {{little["num_preemptions"]}} 次），
+#   序列数实际上被 KV 限制住了；{{U_MID}} 时 {{BLOCKS_U[U_MID]:,}} 个块，容量为 {{cap["gpu_memory_utilization"][U_MID]:.2f}} req/s。
+# - **`max_num_batched_tokens`**：预算 {{B_1}} 时容量为 {{cap["max_num_batched_tokens"][B_1]:.2f}} req/s：提示要切成太多块，TTFT 变长；
+#   {{B_2}} 时 {{cap["max_num_batched_tokens"][B_2]:.2f}} req/s，是这组里{{"最高" if best_budget == B_2 else "较高"}}的；
+#   {{B_DEF}} 与 {{B_BIG}} 几乎相同（{{cap["max_num_batched_tokens"][B_DEF]:.2f}} 与 {{cap["max_num_batched_tokens"][B_BIG]:.2f}} req/s）——
 #   这份样本里 90% 的提示短于 {{wl_stats["input_p90"]:.0f}} Token，更大的预算只是让少数长提示一步算完，而这一步会拖慢同批所有请求的解码，TPOT 超标。
 #   这是第 11 章分块预填充的主题：预算就是分块大小，它在 TTFT 与 TPOT 之间取舍。
 #
@@ -353,20 +373,20 @@ print(f"at {RATE:g} req/s: {in_system:.0f} requests in the system on average; pr
 # %%
 rows, LAT = [], {}
 for b in SWEEPS["max_num_batched_tokens"]:
-    ss = [run(load_workload("chat", n=N_REQ, rate=RATE, max_len=4096, seed=s), **SIM, max_num_batched_tokens=b)
-          .summary(slo=SLO, trim=0.1) for s in SEEDS]
+    ss = [run(load_workload("chat", n=N_REQ, rate=RATE, max_len=MAX_LEN, seed=s), **SIM, max_num_batched_tokens=b)
+          .summary(slo=SLO, trim=TRIM) for s in SEEDS]
     LAT[b] = {k: float(np.mean([s[k] for s in ss])) for k in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
                                                                "itl_p99", "slo_attainment")}
     rows.append([b] + [f"{LAT[b][k] * 1e3:.0f}" for k in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p99")]
                 + [f"{LAT[b]['slo_attainment']:.0%}"])
 md_table(["max_num_batched_tokens", "TTFT p50 (ms)", "TTFT p99 (ms)", "TPOT p50 (ms)", "TPOT p99 (ms)", "ITL p99 (ms)",
           "SLO attainment"], rows)
-assert LAT[256]["ttft_p50"] > LAT[2048]["ttft_p50"] and LAT[256]["itl_p99"] < LAT[2048]["itl_p99"], \
+assert LAT[B_1]["ttft_p50"] > LAT[B_DEF]["ttft_p50"] and LAT[B_1]["itl_p99"] < LAT[B_DEF]["itl_p99"], \
     "the prose says: a small budget lengthens TTFT and shortens the ITL tail"
 
 # %% [markdown]
-# 预算从 2048 降到 256，TTFT 中位数从 {{LAT[2048]["ttft_p50"] * 1e3:.0f}} ms 升到 {{LAT[256]["ttft_p50"] * 1e3:.0f}} ms，
-# 而 ITL 的 p99 从 {{LAT[2048]["itl_p99"] * 1e3:.0f}} ms 降到 {{LAT[256]["itl_p99"] * 1e3:.0f}} ms：小预算把长提示切碎，
+# 预算从 {{B_DEF}} 降到 {{B_1}}，TTFT 中位数从 {{LAT[B_DEF]["ttft_p50"] * 1e3:.0f}} ms 升到 {{LAT[B_1]["ttft_p50"] * 1e3:.0f}} ms，
+# 而 ITL 的 p99 从 {{LAT[B_DEF]["itl_p99"] * 1e3:.0f}} ms 降到 {{LAT[B_1]["itl_p99"] * 1e3:.0f}} ms：小预算把长提示切碎，
 # 每一步都短，解码的 Token 间隔稳定；代价是首 Token 要等更多步。
 #
 # ## 10.5 两个参数一起看：`max_num_seqs` × `max_num_batched_tokens`
@@ -374,9 +394,9 @@ assert LAT[256]["ttft_p50"] > LAT[2048]["ttft_p50"] and LAT[256]["itl_p99"] < LA
 # 两个上限共同决定一步的形状。下面的热力图是 {{HEAT_RATE:g}} req/s（接近容量）时稳态的 SLO 达成率（种子 {{SEEDS[0]}}，每格一次运行）：
 
 # %%
-GRID_SEQS, GRID_BUDGET = [16, 32, 256], [256, 512, 2048, 8192]
-heat = np.array([[run(load_workload("chat", n=N_REQ, rate=HEAT_RATE, max_len=4096, seed=SEEDS[0]), **SIM, max_num_seqs=m,
-                      max_num_batched_tokens=b).summary(slo=SLO, trim=0.1)["slo_attainment"]
+GRID_SEQS, GRID_BUDGET = SWEEPS["max_num_seqs"], SWEEPS["max_num_batched_tokens"]
+heat = np.array([[run(load_workload("chat", n=N_REQ, rate=HEAT_RATE, max_len=MAX_LEN, seed=SEEDS[0]), **SIM, max_num_seqs=m,
+                      max_num_batched_tokens=b).summary(slo=SLO, trim=TRIM)["slo_attainment"]
                   for b in GRID_BUDGET] for m in GRID_SEQS])
 fig, ax = plt.subplots(figsize=(5.4, 2.9))
 im = ax.imshow(heat, cmap="RdYlGn", vmin=0, vmax=1)
@@ -390,24 +410,26 @@ ax.set(xlabel="max_num_batched_tokens", ylabel="max_num_seqs",
 fig.colorbar(im, ax=ax, fraction=0.046)
 plt.show()
 best = np.unravel_index(heat.argmax(), heat.shape)
-row16 = heat[GRID_SEQS.index(16)]
+row16 = heat[GRID_SEQS.index(S_LO)]
+big = heat[-1, -1]                   # both limits at their largest
+
+# %% tags=["check"]
 assert row16.max() < heat.max() - 0.2, "the prose says the max_num_seqs=16 row is low whatever the budget"
-assert all(heat[i, GRID_BUDGET.index(8192)] <= heat[i, GRID_BUDGET.index(512)] for i in range(len(GRID_SEQS))), \
+assert all(heat[i, GRID_BUDGET.index(B_BIG)] <= heat[i, GRID_BUDGET.index(B_2)] for i in range(len(GRID_SEQS))), \
     "the prose says no cell of the 8192 column beats the 512 cell of its row"
-big = heat[GRID_SEQS.index(256), GRID_BUDGET.index(8192)]
 assert big < heat.max() - 0.1 and (heat == heat.max()).sum() == 1, "the prose says the largest limits are not best"
 
 # %% [markdown]
 # 在这个到达率下，达成率最高的格子是 `max_num_seqs={{GRID_SEQS[best[0]]}}`、`max_num_batched_tokens={{GRID_BUDGET[best[1]]}}`
-# （{{heat[best]:.0%}}）；两个参数都取最大（256、8192）只有 {{big:.0%}}——都设得“够大”并不是最好的。
-# `max_num_seqs=16` 一行无论预算多大都很低（至多 {{row16.max():.0%}}，排队），预算 8192 一列的每一格都不高于同一行的 512。
+# （{{heat[best]:.0%}}）；两个参数都取最大（{{GRID_SEQS[-1]}}、{{GRID_BUDGET[-1]}}）只有 {{big:.0%}}——都设得“够大”并不是最好的。
+# `max_num_seqs={{S_LO}}` 一行无论预算多大都很低（至多 {{row16.max():.0%}}，排队），预算 {{B_BIG}} 一列的每一格都不高于同一行的 {{B_2}}。
 # 用下面的控件在其他到达率、其他种子下试试。
 
 # %% tags=["nbval-ignore-output"]
-def explore(max_num_seqs=256, max_num_batched_tokens=2048, rate=5.0, seed=1):
-    res = run(load_workload("chat", n=N_REQ, rate=rate, max_len=4096, seed=seed), **SIM, max_num_seqs=max_num_seqs,
+def explore(max_num_seqs=S_DEF, max_num_batched_tokens=B_DEF, rate=RATE, seed=SEEDS[0]):
+    res = run(load_workload("chat", n=N_REQ, rate=rate, max_len=MAX_LEN, seed=seed), **SIM, max_num_seqs=max_num_seqs,
               max_num_batched_tokens=max_num_batched_tokens)
-    s = res.summary(slo=SLO, trim=0.1)
+    s = res.summary(slo=SLO, trim=TRIM)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
     recs = [r for r in res.requests if r.completed]
     a1.scatter([r.arrival_time for r in recs], [r.ttft for r in recs], s=6, label="TTFT")
@@ -424,11 +446,17 @@ def explore(max_num_seqs=256, max_num_batched_tokens=2048, rate=5.0, seed=1):
 
 
 W.interact(explore,
-           max_num_seqs=W.SelectionSlider(options=[8, 16, 32, 64, 128, 256, 512], value=256, continuous_update=False),
-           max_num_batched_tokens=W.SelectionSlider(options=[128, 256, 512, 1024, 2048, 4096, 8192], value=2048,
+           max_num_seqs=W.SelectionSlider(options=[8, 16, 32, 64, 128, 256, 512], value=S_DEF, continuous_update=False),
+           max_num_batched_tokens=W.SelectionSlider(options=[128, 256, 512, 1024, 2048, 4096, 8192], value=B_DEF,
                                                     continuous_update=False),
-           rate=W.FloatSlider(value=5.0, min=1.0, max=9.0, step=0.5, continuous_update=False),
-           seed=W.IntSlider(value=1, min=1, max=5, continuous_update=False));
+           rate=W.FloatSlider(value=RATE, min=1.0, max=9.0, step=0.5, continuous_update=False),
+           seed=W.IntSlider(value=SEEDS[0], min=1, max=5, continuous_update=False));
+
+# %% tags=["check"]
+# The exercises' settings.
+EX_TP, EX_SLO, EX_SEEDS = 4, {"ttft": 3.0, "tpot": 0.1}, 5
+ex_tokens_70b = make_cost_model("llama-2-70b", f"{EX_TP}xa100-80g").kv_capacity_tokens()
+
 
 # %% [markdown]
 # ## 本章小结
@@ -445,23 +473,23 @@ W.interact(explore,
 # ## 练习
 #
 # 1. **手算块数。** Llama-2-70B（{{M70.num_layers}} 层、{{M70.num_kv_heads}} 个 KV 头、`head_dim={{M70.head_dim}}`，
-#    bf16 权重约 {{M70.weight_bytes / GiB:.0f}} GiB）用 4 张 A100-80G 做张量并行，
-#    每张卡放 1/4 的权重和 1/4 的 KV 头。`gpu_memory_utilization=0.9` 时每张卡有多少个块？用 `make_cost_model("llama-2-70b", "4xa100-80g")`
-#    的 `kv_capacity_tokens()` 验证。
+#    bf16 权重约 {{M70.weight_bytes / GiB:.0f}} GiB）用 {{EX_TP}} 张 A100-80G 做张量并行，
+#    每张卡放 1/{{EX_TP}} 的权重和 1/{{EX_TP}} 的 KV 头。`gpu_memory_utilization={{ENGINE.gpu_memory_utilization}}` 时每张卡有多少个块？
+#    用 `make_cost_model("llama-2-70b", "{{EX_TP}}xa100-80g")` 的 `kv_capacity_tokens()` 验证。
 # 2. **激活峰值。** vLLM 的 `profile_run` 用 `max_num_batched_tokens` 个 Token 做一次假前向来测激活峰值。
-#    把预算从 2048 调到 16384，KV 块数会怎样变化？为什么 `LLM` 类的大预算在显存紧张时可能得不偿失？
+#    把预算从 {{B_DEF}} 调到 16384（`LLM` 类在 H100 一类 GPU 上的默认值），KV 块数会怎样变化？为什么 `LLM` 类的大预算在显存紧张时可能得不偿失？
 # 3. **默认值的陷阱。** 同一台 H100 上，用 `vllm serve` 压测得到的 TPOT p99 比用 `LLM(...)` 离线跑的低得多。
 #    结合 10.3 节的表解释原因，并说出让两者可比的最少参数。
-# 4. **SLO 换一换。** 把 10.4 节的 SLO 改成 TTFT ≤ 3 s、TPOT ≤ 100 ms（宽松的交互场景），重新扫描 `max_num_batched_tokens`。
-#    最优预算向哪边移动？为什么？（提示：可以只对 512 和 2048 两个值调用 `capacity_of`。）
-# 5. **容量的不确定性。** 把 `SEEDS` 换成 5 个种子，`capacity_of(max_num_batched_tokens=512)` 的范围变宽还是变窄？
-#    要让 512 与 2048 的差别“显著”，你会怎样设计实验？
+# 4. **SLO 换一换。** 把 10.4 节的 SLO 改成 TTFT ≤ {{EX_SLO["ttft"]:g}} s、TPOT ≤ {{EX_SLO["tpot"] * 1e3:.0f}} ms（宽松的交互场景），
+#    重新扫描 `max_num_batched_tokens`。最优预算向哪边移动？为什么？（提示：可以只对 {{B_2}} 和 {{B_DEF}} 两个值调用 `capacity_of`。）
+# 5. **容量的不确定性。** 把 `SEEDS` 换成 {{EX_SEEDS}} 个种子，`capacity_of(max_num_batched_tokens={{B_2}})` 的范围变宽还是变窄？
+#    要让 {{B_2}} 与 {{B_DEF}} 的差别“显著”，你会怎样设计实验？
 #
 # <details><summary>提示与参考答案</summary>
 #
-# 1. 每张卡的预算是 $0.9 M$，减去 1/4 的权重与预留；每个 Token 在每张卡上的 KV 是 2（K 与 V）× 层数 × 每卡的 KV 头数 × `head_dim` × 2 字节
-#    （KV 头平均分到 4 张卡），再除以 `block_size` 得块数。`kv_capacity_tokens()` 返回的是每张卡的 Token 数，
-#    这里是 {{make_cost_model("llama-2-70b", "4xa100-80g").kv_capacity_tokens():,}}。
+# 1. 每张卡的预算是 ${{ENGINE.gpu_memory_utilization}} M$，减去 1/{{EX_TP}} 的权重与预留；每个 Token 在每张卡上的 KV 是
+#    2（K 与 V）× 层数 × 每卡的 KV 头数 × `head_dim` × {{M70.dtype_bytes}} 字节（KV 头平均分到 {{EX_TP}} 张卡），再除以 `block_size`
+#    得块数。`kv_capacity_tokens()` 返回的是每张卡的 Token 数，这里是 {{ex_tokens_70b:,}}，即 {{ex_tokens_70b // BS:,}} 个块。
 # 2. 激活峰值随一步的 Token 数线性增长，它从 $M u$ 里先扣掉，所以预算越大，KV 块越少；`LLM` 类默认的大预算换来的是更少的并发。
 # 3. `vllm serve` 在 H100 上默认每步最多 8192 个新 Token，`LLM` 类是 16384：离线时长提示一步算完，同批解码被拖得更久。
 #    两边都显式写上 `max_num_batched_tokens` 和 `max_num_seqs`（以及 `gpu_memory_utilization`）才可比。
