@@ -2,7 +2,7 @@
 # # 第 11 章 分块预填充（Chunked Prefill）与混合批
 #
 # 连续批处理（第 5 章）让新请求随时加入批次，可“加入”本身有代价：新请求的预填充（Prefill）要一次算完整个提示，
-# 几千个 Token 的一步，算力受限（Compute-bound，第 2 章），耗时是一个解码步的十几倍。这一步里，批中正在解码的请求都在等——
+# 几千个 Token 的一步，算力受限（Compute-bound，第 2 章），耗时是一个解码步的许多倍（11.1 节量给你看）。这一步里，批中正在解码的请求都在等——
 # 它们的 Token 间延迟（ITL）出现一次长长的停顿。Sarathi-Serve（Agrawal et al., *Taming Throughput-Latency Tradeoff in LLM
 # Inference with Sarathi-Serve*, OSDI'24）把这种停顿叫作**生成停顿**（Generation Stall），并提出两件事来消除它：
 # **分块预填充**——把长提示切成若干块，分几步算；**无停顿批处理**（Stall-free Batching）——每一步先放下所有正在解码的请求，
@@ -29,6 +29,7 @@ from IPython.display import display
 from minibatch import EngineConfig, LLMEngine
 from minibatch.results import capacity
 from minibatch.runner import run
+from minibatch.sim import make_cost_model
 from minibatch.viz import batch_composition, md_table
 from minibatch.workload import RequestSpec, Workload, load_workload, lognormal, synthetic
 
@@ -105,6 +106,8 @@ plt.show()
 
 # %%
 off, on = stall["no chunking"][1], stall[f"chunked, budget {CHUNK}"][1]
+
+# %% tags=["check"]
 assert off["max_itl"] > 4 * on["max_itl"], "the prose says chunking cuts the stall several-fold"
 assert on["ttft_long"] > off["ttft_long"], "the prose says chunking delays the long prompt's first token"
 assert off["stalls"] == on["stalls"] == 0, "the prose says no running decode is ever left out of a step"
@@ -116,7 +119,7 @@ assert off["stalls"] == on["stalls"] == 0, "the prose says no running decode is 
 # {{on["max_itl"] / off["max_itl"]:.0%}}。代价落在长提示自己身上：它的 TTFT 从 {{off["ttft_long"] * 1e3:.0f}} ms 变成
 # {{on["ttft_long"] * 1e3:.0f}} ms——块越小，算完整个提示需要的步数越多，每一步还要再读一遍前面各块的 KV。
 #
-# 注意两种方式**都没有**把解码请求踢出批次（上面的单元格检查了每一步：正在解码的请求不是被调度就是被抢占，从不被跳过）；
+# 注意两种方式**都没有**把解码请求踢出批次（上面折叠的检查单元格检查了每一步：正在解码的请求不是被调度就是被抢占，从不被跳过）；
 # 不分块时的停顿来自“同一步里有一个很长的预填充”，而不是解码被暂停。Sarathi-Serve 的消融实验（见下节表 4）把这种做法叫作
 # hybrid-batching-only：混合批本身不够，必须同时限制每步的预填充 Token 数。
 #
@@ -158,21 +161,21 @@ for name, (res, _) in stall.items():
 # ## 11.3 分块大小的取舍：稳态下的 TTFT 与 ITL 尾部
 #
 # 下面换一个提示更长的负载：`load_workload("rag")`（检索增强生成：提示较长、输出较短）。在固定的到达率下，
-# 逐个尝试不同的 Token 预算（即分块大小），外加不分块；每个配置用几个随机种子，只统计稳态（到达时刻在中间 80% 的请求）。
+# 逐个尝试不同的 Token 预算（即分块大小），外加不分块；每个配置用几个随机种子，只统计稳态。
 
 # %%
-RATE, N_REQ, SEEDS = 3.5, 200, (1, 2, 3)
+RATE, N_REQ, SEEDS, TRIM, MAX_LEN = 3.5, 200, (1, 2, 3), 0.1, 4096   # TRIM: share dropped at each end
 BUDGETS = [256, 512, 1024, 2048, 4096]
 CONFIGS = {"off": OFF, **{b: dict(max_num_batched_tokens=b) for b in BUDGETS}}
 KEYS = ("ttft_p50", "ttft_p99", "tpot_p99", "itl_p99")
-rag_stats = load_workload("rag", n=N_REQ, rate=RATE, max_len=4096, seed=SEEDS[0]).stats()
+rag_stats = load_workload("rag", n=N_REQ, rate=RATE, max_len=MAX_LEN, seed=SEEDS[0]).stats()
 print(f"rag: prompt p50 {rag_stats['input_p50']:.0f} (max {rag_stats['input_max']:.0f}), output p50 "
       f"{rag_stats['output_p50']:.0f} tokens; {N_REQ} requests at {RATE:g} req/s, seeds {SEEDS}")
 
 # %%
 sweep = {}
 for name, cfg in CONFIGS.items():
-    ss = [run(load_workload("rag", n=N_REQ, rate=RATE, max_len=4096, seed=s), **SIM, **cfg).summary(trim=0.1)
+    ss = [run(load_workload("rag", n=N_REQ, rate=RATE, max_len=MAX_LEN, seed=s), **SIM, **cfg).summary(trim=TRIM)
           for s in SEEDS]
     sweep[name] = {k: (float(np.mean([s[k] for s in ss])), float(np.min([s[k] for s in ss])),
                        float(np.max([s[k] for s in ss]))) for k in KEYS}
@@ -207,22 +210,25 @@ plt.show()
 # %%
 itl = {b: sweep[b]["itl_p99"][0] for b in CONFIGS}
 ttft = {b: sweep[b]["ttft_p50"][0] for b in CONFIGS}
-assert all(itl[a] < itl[b] for a, b in zip(BUDGETS, BUDGETS[1:])), "the prose says the ITL tail grows with the chunk"
-assert ttft[256] > ttft[512] > ttft[2048], "the prose says small chunks lengthen TTFT"
-assert itl[256] < itl["off"] / 5, "the prose says small chunks cut the ITL tail several-fold"
-assert max(sweep[b]["tpot_p99"][0] for b in (256, 512)) < sweep["off"]["tpot_p99"][0], \
-    "exercise 3 says chunks of 256 and 512 have a lower TPOT p99 than no chunking"
+B256, B512, B1024, B2048, B4096 = BUDGETS
 SLOS = {"strict TPOT": {"ttft": 2.0, "tpot": 0.05}, "strict TTFT": {"ttft": 1.0, "tpot": 0.10}}
 CAP_SEEDS, CAP_N, CAP_TARGET = (1, 2), 160, 0.9
 
+# %% tags=["check"]
+assert all(itl[a] < itl[b] for a, b in zip(BUDGETS, BUDGETS[1:])), "the prose says the ITL tail grows with the chunk"
+assert ttft[B256] > ttft[B512] > ttft[B2048], "the prose says small chunks lengthen TTFT"
+assert itl[B256] < itl["off"] / 5, "the prose says small chunks cut the ITL tail several-fold"
+assert max(sweep[b]["tpot_p99"][0] for b in (B256, B512)) < sweep["off"]["tpot_p99"][0], \
+    "exercise 3 says chunks of 256 and 512 have a lower TPOT p99 than no chunking"
+
 # %% [markdown]
-# （{{N_REQ}} 个请求、{{RATE:g}} req/s、{{len(SEEDS)}} 个种子；这份样本的提示中位数 {{rag_stats["input_p50"]:.0f}} Token，
-# 输出中位数 {{rag_stats["output_p50"]:.0f}} Token。）两条曲线方向相反：
+# （{{N_REQ}} 个请求、{{RATE:g}} req/s、{{len(SEEDS)}} 个种子，只统计到达时刻在中间 {{1 - 2 * TRIM:.0%}} 的请求；
+# 这份样本的提示中位数 {{rag_stats["input_p50"]:.0f}} Token，输出中位数 {{rag_stats["output_p50"]:.0f}} Token。）两条曲线方向相反：
 #
-# - **ITL 尾部随分块变大而增长。** 分块 256 时 ITL p99 为 {{itl[256] * 1e3:.0f}} ms，4096 时 {{itl[4096] * 1e3:.0f}} ms，
+# - **ITL 尾部随分块变大而增长。** 分块 {{B256}} 时 ITL p99 为 {{itl[B256] * 1e3:.0f}} ms，{{B4096}} 时 {{itl[B4096] * 1e3:.0f}} ms，
 #   不分块 {{itl["off"] * 1e3:.0f}} ms。每一步的时长大致正比于它带的预填充 Token 数，而 p99 正是那些带着大块预填充的步。
-# - **TTFT 随分块变小而增长。** 分块 2048 时 TTFT 中位数 {{ttft[2048] * 1e3:.0f}} ms，512 时 {{ttft[512] * 1e3:.0f}} ms，
-#   256 时 {{ttft[256] * 1e3:.0f}} ms：一个 2k 的提示要分更多步算完，而每一步都要先让所有解码请求各算一个 Token。
+# - **TTFT 随分块变小而增长。** 分块 {{B2048}} 时 TTFT 中位数 {{ttft[B2048] * 1e3:.0f}} ms，{{B512}} 时 {{ttft[B512] * 1e3:.0f}} ms，
+#   {{B256}} 时 {{ttft[B256] * 1e3:.0f}} ms：一个长提示要分更多步算完，而每一步都要先让所有解码请求各算一个 Token。
 #
 # 哪个分块最好，取决于 SLO 更在乎哪一头。下面用两组按请求计的 SLO 测服务容量（达成率 ≥ {{CAP_TARGET:.0%}} 的最高到达率，
 # {{len(CAP_SEEDS)}} 个种子、每次 {{CAP_N}} 个请求，`minibatch.results.capacity`）：
@@ -230,13 +236,13 @@ CAP_SEEDS, CAP_N, CAP_TARGET = (1, 2), 160, 0.9
 # **严格 TTFT**（TTFT ≤ {{SLOS["strict TTFT"]["ttft"]:g}} s、TPOT ≤ {{SLOS["strict TTFT"]["tpot"] * 1e3:.0f}} ms，像要尽快出第一个字、之后读得慢的应用）。
 
 # %% tags=["nbval-check-output"]
-CAP_CONFIGS = {k: CONFIGS[k] for k in ("off", 256, 512, 1024, 2048)}
+CAP_CONFIGS = {k: CONFIGS[k] for k in ("off", B256, B512, B1024, B2048)}
 
 
 def cap_of(cfg, slo):
     def att(rate, seed):
-        wl = load_workload("rag", n=CAP_N, rate=rate, max_len=4096, seed=seed)
-        return run(wl, **SIM, **cfg).summary(slo=slo, trim=0.1)["slo_attainment"]
+        wl = load_workload("rag", n=CAP_N, rate=rate, max_len=MAX_LEN, seed=seed)
+        return run(wl, **SIM, **cfg).summary(slo=slo, trim=TRIM)["slo_attainment"]
     return [capacity(lambda r: att(r, s), target=CAP_TARGET, lo=1.0, hi=8.0, tol=0.06) for s in CAP_SEEDS]
 
 
@@ -266,14 +272,16 @@ plt.show()
 # %%
 cm = {slo: {k: float(np.mean(c)) for k, c in row.items()} for slo, row in caps.items()}
 best = {slo: max((k for k in row if k != "off"), key=row.get) for slo, row in cm.items()}
+gain = cm["strict TPOT"][best["strict TPOT"]] / cm["strict TPOT"]["off"]
+
+# %% tags=["check"]
 assert best["strict TPOT"] < best["strict TTFT"], "the prose says the best chunk grows when the TPOT bound relaxes"
 assert cm["strict TPOT"][best["strict TPOT"]] > 1.3 * cm["strict TPOT"]["off"], "chunking raises capacity there"
-gain = cm["strict TPOT"][best["strict TPOT"]] / cm["strict TPOT"]["off"]
 
 # %% [markdown]
 # 严格 TPOT 时，分块 {{best["strict TPOT"]}} 的容量最高（{{cm["strict TPOT"][best["strict TPOT"]]:.2f}} req/s），
 # 是不分块（{{cm["strict TPOT"]["off"]:.2f}} req/s）的 {{gain:.1f}} 倍；严格 TTFT 时，最优分块变大到 {{best["strict TTFT"]}}
-# （{{cm["strict TTFT"][best["strict TTFT"]]:.2f}} req/s），而分块 256 只有 {{cm["strict TTFT"][256]:.2f}} req/s。
+# （{{cm["strict TTFT"][best["strict TTFT"]]:.2f}} req/s），而分块 {{B256}} 只有 {{cm["strict TTFT"][B256]:.2f}} req/s。
 # 这与 Sarathi-Serve 评测中的选择方向一致：严格的 TBT SLO 用小预算，宽松时用大预算（§5.1）。
 # 模拟器的代价模型含每步的固定开销，但不含 Tile 量化，也不含小形状下内核效率的下降（`minibatch.sim.cost_model` 模块文档的
 # “Not modelled”），真实 GPU 上小分块的代价会更大一些；
@@ -282,7 +290,7 @@ gain = cm["strict TPOT"][best["strict TPOT"]] / cm["strict TPOT"]["off"]
 # **动手**：用下面的控件改变 11.1 节实验的分块大小与长提示的长度，观察最长 ITL 与长提示 TTFT 的此消彼长。
 
 # %% tags=["nbval-ignore-output"]
-def explore(chunk=512, long_prompt=4000, num_decoders=32):
+def explore(chunk=CHUNK, long_prompt=STALL["long_prompt"], num_decoders=STALL["num_decoders"]):
     res, m = stall_run(None if chunk == 0 else chunk, long_prompt=long_prompt, num_decoders=num_decoders)
     at = next(r.arrival_time for r in res.requests if r.request_id == "long")
     steps = [s for s in res.steps if at - 0.1 <= s.start_time <= at + 0.8]
@@ -299,32 +307,34 @@ def explore(chunk=512, long_prompt=4000, num_decoders=32):
 
 
 W.interact(explore,
-           chunk=W.SelectionSlider(options=[0, 128, 256, 512, 1024, 2048, 4096], value=512, continuous_update=False,
+           chunk=W.SelectionSlider(options=[0, 128, 256, 512, 1024, 2048, 4096], value=CHUNK, continuous_update=False,
                                    description="chunk (0=off)"),
-           long_prompt=W.IntSlider(value=4000, min=500, max=4000, step=500, continuous_update=False),
-           num_decoders=W.IntSlider(value=32, min=1, max=128, continuous_update=False));
+           long_prompt=W.IntSlider(value=STALL["long_prompt"], min=500, max=4000, step=500, continuous_update=False),
+           num_decoders=W.IntSlider(value=STALL["num_decoders"], min=1, max=128, continuous_update=False));
 
 # %% [markdown]
 # ## 11.4 在真实模型上：分块不改变输出
 #
 # 分块改变的是“哪一步算哪些 Token”，每个 Token 的 K/V 与注意力结果都不变，所以贪心解码的输出必须逐 Token 相同。
-# 在嵌入的 tiny 模型（CPU）上验证：8 个请求同时到达，提示长度不一；一次不分块（整段提示一步算完），
-# 一次 Token 预算只有 32（长提示要切成很多块，与解码混在同一步里）。
+# 在嵌入的 tiny 模型（CPU）上验证：一组请求同时到达，提示长度不一；一次不分块（整段提示一步算完），
+# 一次 Token 预算很小（长提示要切成很多块，与解码混在同一步里）。
 
 # %%
-tiny_wl = synthetic(8, float("inf"), input_len=lognormal(median=150, sigma=0.6, max=600), output_len=12, seed=4)
-TINY = dict(model="tiny", max_num_seqs=8, num_kv_blocks=256, keep_tokens=True)
+TINY_N, TINY_BUDGET = 8, 32
+tiny_wl = synthetic(TINY_N, float("inf"), input_len=lognormal(median=150, sigma=0.6, max=600), output_len=12, seed=4)
+TINY = dict(model="tiny", max_num_seqs=TINY_N, num_kv_blocks=256, keep_tokens=True)
 tiny = {"no chunking": run(tiny_wl, **TINY, enable_chunked_prefill=False, max_num_batched_tokens=1024),
-        "chunked, budget 32": run(tiny_wl, **TINY, max_num_batched_tokens=32)}
+        f"chunked, budget {TINY_BUDGET}": run(tiny_wl, **TINY, max_num_batched_tokens=TINY_BUDGET)}
 outs = {k: [r.output_token_ids for r in res.requests] for k, res in tiny.items()}
-assert outs["no chunking"] == outs["chunked, budget 32"], "greedy outputs must not depend on chunking"
+assert outs["no chunking"] == outs[f"chunked, budget {TINY_BUDGET}"], "greedy outputs must not depend on chunking"
 for k, res in tiny.items():
     print(f"{k:<20} {len(res.steps):>3} steps, at most {max(s.num_prefill_tokens + s.num_decode_tokens for s in res.steps):>4} "
           f"tokens a step, {sum(1 for s in res.steps if s.num_prefill_tokens and s.num_decode_tokens):>3} mixed steps")
 print("prompt lengths:", tiny_wl.prompt_lens.tolist(), "| greedy outputs identical:", True)
 
 # %% [markdown]
-# 两次运行的每个请求生成了完全相同的 {{len(outs["no chunking"][0])}} 个 Token（单元格断言了这一点；minibatch 的
+# {{TINY_N}} 个请求，第二次的 Token 预算只有 {{TINY_BUDGET}}。两次运行的每个请求生成了完全相同的
+# {{len(outs["no chunking"][0])}} 个 Token（单元格断言了这一点；minibatch 的
 # `tests/test_correctness.py` 还把它们与 Hugging Face `transformers` 单独生成的结果对照）。
 # 墙钟时间随机器而变，下表只作直观参考（每次运行的读数不同）：通常分块后最长的一步明显变短，这正是 ITL 尾部下降的原因。
 
@@ -333,6 +343,17 @@ md_table(["tiny on this CPU", "steps", "longest step (ms)", "median step (ms)", 
          [[k, len(r.steps), f"{1e3 * max(s.duration for s in r.steps):.1f}",
            f"{1e3 * float(np.median([s.duration for s in r.steps])):.1f}", f"{1e3 * r.summary()['e2e_mean']:.0f}"]
           for k, r in tiny.items()])
+
+# %% tags=["check"]
+# The exercises' settings, and the figures their hints quote.
+EX1_PROMPTS, EX2_DECODERS, EX3_PROMPT, EX3_CHUNK = [2000, 4000], 128, 4096, 512
+cost = make_cost_model("llama-2-7b", "a100-80g")
+b1 = cost.breakdown([(EX1_PROMPTS[-1], EX1_PROMPTS[-1])], [])
+ex1_att = b1["attention_prefill"] / sum(b1.values())
+once = cost.step_time([(EX3_PROMPT, EX3_PROMPT)], [])
+chunked = sum(cost.step_time([(EX3_CHUNK, c)], []) for c in range(EX3_CHUNK, EX3_PROMPT + 1, EX3_CHUNK))
+ex3_extra = chunked / once - 1
+assert ex1_att < 0.2 and ex3_extra > 0, "hints 1 and 3: attention is a small share; chunking costs extra"
 
 # %% [markdown]
 # ## 11.5 vLLM V1 中的分块预填充
@@ -369,13 +390,13 @@ md_table(["tiny on this CPU", "steps", "longest step (ms)", "median step (ms)", 
 #
 # ## 练习
 #
-# 1. **停顿有多长。** 用 11.3 节控件把长提示设为 2000、4000 Token，分块关闭（0）。最长 ITL 与提示长度大致成什么关系？
+# 1. **停顿有多长。** 用 11.3 节控件把长提示设为 {{'、'.join(map(str, EX1_PROMPTS))}} Token，分块关闭（0）。最长 ITL 与提示长度大致成什么关系？
 #    用第 2 章的屋顶线模型估计一个 $n$ Token 预填充的耗时，与控件的读数比较。
-# 2. **解码越多，停顿越贵。** 把 `num_decoders` 从 1 调到 128（分块关闭）。最长 ITL 变化不大，受停顿影响的 Token 数却成倍增加。
-#    为什么？在 Goodput 里这意味着什么？再看 128 个解码时长提示的 TTFT，发生了什么？
-# 3. **分块的额外开销。** 在 11.3 节的表中，分块 256 与 512 的 TPOT p99 比不分块还低，但 TTFT 更高。
-#    用 `minibatch.sim.make_cost_model("llama-2-7b", "a100-80g").step_time([(n, c)], [])` 比较一段 4096 Token 的提示一次算完与分成
-#    8 块（每块 512，上下文 `c` 依次增长）的总耗时，额外开销是多少？它来自哪一项（`breakdown`）？
+# 2. **解码越多，停顿越贵。** 把 `num_decoders` 从 1 调到 {{EX2_DECODERS}}（分块关闭）。最长 ITL 变化不大，受停顿影响的 Token 数却成倍增加。
+#    为什么？在 Goodput 里这意味着什么？再看 {{EX2_DECODERS}} 个解码时长提示的 TTFT，发生了什么？
+# 3. **分块的额外开销。** 在 11.3 节的表中，分块 {{B256}} 与 {{B512}} 的 TPOT p99 比不分块还低，但 TTFT 更高。
+#    用 `minibatch.sim.make_cost_model("llama-2-7b", "a100-80g").step_time([(n, c)], [])` 比较一段 {{EX3_PROMPT}} Token 的提示一次算完与分成
+#    {{EX3_PROMPT // EX3_CHUNK}} 块（每块 {{EX3_CHUNK}}，上下文 `c` 依次增长）的总耗时，额外开销是多少？它来自哪一项（`breakdown`）？
 # 4. **Tile 量化。** Sarathi-Serve 观察到块大小 257 比 256 慢至多 32%。minibatch 的代价模型会显示这种差别吗？
 #    如果要在模拟器里体现它，应该改哪一个函数？
 # 5. **动手实现。** 完成实验 L06：写出“解码优先、再切块”的预算分配，在随机状态上与 `Scheduler` 逐一对比，
@@ -383,13 +404,15 @@ md_table(["tiny on this CPU", "steps", "longest step (ms)", "median step (ms)", 
 #
 # <details><summary>提示与参考答案</summary>
 #
-# 1. 大致线性：预填充是算力受限的，时间 ≈ $2 P n / F_\text{eff}$（$P$ 为参数量，$F_\text{eff}$ 为有效算力），注意力的二次项在 4k 以内占比不大。
+# 1. 大致线性：预填充是算力受限的，时间 ≈ $2 P n / F_\text{eff}$（$P$ 为参数量，$F_\text{eff}$ 为有效算力），注意力的二次项占比不大
+#    （{{EX1_PROMPTS[-1]}} Token 时只占这一步的 {{ex1_att:.0%}}）。
 #    `make_cost_model(...).step_time([(n, n)], [])` 可以直接给出模型的估计。
 # 2. 停顿步的时长主要由预填充决定，与批里有多少解码关系不大；但每个解码请求都被拖住一次，受影响的 Token 数等于解码请求数。
 #    若 SLO 约束的是每个请求的 TPOT 或 ITL，一次停顿可能让整批请求同时违约，Goodput 随之下降。
-#    128 个解码时长提示的 TTFT 会暴涨：不分块时，它必须与所有解码挤进同一个预算（{{OFF["max_num_batched_tokens"]}}），解码占掉一部分之后整段提示就放不下了，
+#    {{EX2_DECODERS}} 个解码时长提示的 TTFT 会暴涨：不分块时，它必须与所有解码挤进同一个预算（{{OFF["max_num_batched_tokens"]}}），解码占掉一部分之后整段提示就放不下了，
 #    它只能等到解码请求陆续结束——这是不分块的另一种代价（队头阻塞，Head-of-line Blocking）。
 # 3. 分块后每一块都要读前面所有块的 KV（注意力的访存项），还要多付几次每步的固定开销（`overhead`）；用 `breakdown` 分项相加即可看出。
+#    这个代价模型里，分块的总耗时比一次算完多 {{ex3_extra:.0%}}。
 # 4. 不会：代价模型按 FLOP 与字节数计时，与形状是否对齐无关。要体现它，需要在 `RooflineCostModel._gemm` 里把行数向上取整到 Tile 的倍数。
 # 5. 见 `labs/L06_chunked_prefill.ipynb`。
 #
