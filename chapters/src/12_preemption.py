@@ -62,46 +62,57 @@ print("minibatch", minibatch.__version__)
 # $\lceil (p_i + o_i)/B \rceil$ 个块（$o_i$ 是它的输出长度，接纳时未知）。只要
 # $\sum_i \lceil (p_i + g_i(t))/B \rceil$ 在某一步超过 $N$，就有请求长不动了——必须抢占。
 #
-# 先在模拟器里看一个最小的例子：6 个请求同时到达，每个提示词 40 Token、生成 80 Token，池里只有 24 个块（每块 16 Token）。
-# 开始时每个请求只占 3 个块，6 个请求都被接纳（18 个块）；但每个请求最终要 8 个块，6 个请求合计要 48 个。
-# `EventLog` 记下每一次抢占：
+# 先在模拟器里看一个最小的例子：
 
 # %%
-demo = LLMEngine(EngineConfig.from_kwargs(**SIM, num_kv_blocks=24, block_size=16), clock="virtual")
+N_DEMO, P_DEMO, O_DEMO = 6, 40, 80           # requests, prompt and output tokens each
+POOL_DEMO, BS = 24, 16                       # KV blocks, tokens per block
+blocks = lambda tokens: -(-tokens // BS)     # noqa: E731  blocks that hold this many tokens
+
+# %% [markdown]
+# {{N_DEMO}} 个请求同时到达，每个提示词 {{P_DEMO}} Token、生成 {{O_DEMO}} Token，池里只有 {{POOL_DEMO}} 个块（每块 {{BS}} Token）。
+# 开始时每个请求只占 {{blocks(P_DEMO)}} 个块，{{N_DEMO}} 个请求都被接纳（{{N_DEMO * blocks(P_DEMO)}} 个块）；
+# 但每个请求最终要 {{blocks(P_DEMO + O_DEMO)}} 个块，合计要 {{N_DEMO * blocks(P_DEMO + O_DEMO)}} 个。`EventLog` 记下每一次抢占：
+
+# %%
+demo = LLMEngine(EngineConfig.from_kwargs(**SIM, num_kv_blocks=POOL_DEMO, block_size=BS), clock="virtual")
 demo_log = EventLog(demo)
-for i in range(6):
-    demo.add_request([7 + i] * 40, SamplingParams(max_tokens=80, ignore_eos=True), request_id=f"q{i}")
+for i in range(N_DEMO):
+    demo.add_request([7 + i] * P_DEMO, SamplingParams(max_tokens=O_DEMO, ignore_eos=True), request_id=f"q{i}")
 while demo.has_unfinished_requests():
     demo.step()
 first = next(st for st in demo.steps if st.num_preempted)
 victims_first = [rid for t, ev, rid in demo_log.events if abs(t - first.start_time) < 1e-12]
-tokens_at = 40 + first.step                  # step s writes token position 40 + s - 1 of every request
-demand = 6 * -(-tokens_at // 16)
+tokens_at = P_DEMO + first.step              # step s writes token position P_DEMO + s - 1 of every request
+demand = N_DEMO * blocks(tokens_at)
 print(f"{len(demo.steps)} steps; first preemption at step {first.step}: {tokens_at} tokens per request need "
-      f"{demand} blocks > 24; victims {victims_first}")
+      f"{demand} blocks > {POOL_DEMO}; victims {victims_first}")
 print("all preemptions (time, request):", [(round(t, 3), rid) for t, ev, rid in demo_log.events])
-assert victims_first == ["q5", "q4"], "the prose below says the two last-admitted requests go first"
-assert first.kv_blocks_used == 4 * -(-tokens_at // 16), "the other four grew into the freed blocks"
+
+# %% tags=["check"]
+assert victims_first == [f"q{N_DEMO - 1}", f"q{N_DEMO - 2}"], "the prose below says the two last-admitted requests go first"
+assert first.kv_blocks_used == (N_DEMO - 2) * blocks(tokens_at), "the other requests grew into the freed blocks"
 
 # %% [markdown]
-# 6 个请求长度相同、同步增长。第 {{first.step}} 步，每个请求都要写第 {{tokens_at}} 个 Token，各需
-# {{-(-tokens_at // 16)}} 个块、合计 {{demand}} 个，而池里只有 24 个：调度器依次抢占了 {{victims_first[0]}} 与 {{victims_first[1]}}——
-# **最后被接纳的两个请求**（后一个是自己长不动、又没有排在它后面的请求可抢，只好抢占自己），其余 4 个请求接着解码。下图画出每一步占用的块数、运行中与等待中的请求数，红色竖线是发生抢占的步：
+# {{N_DEMO}} 个请求长度相同、同步增长。第 {{first.step}} 步，每个请求都要写第 {{tokens_at}} 个 Token，各需
+# {{blocks(tokens_at)}} 个块、合计 {{demand}} 个，而池里只有 {{POOL_DEMO}} 个：调度器依次抢占了 {{victims_first[0]}} 与 {{victims_first[1]}}——
+# **最后被接纳的两个请求**（后一个是自己长不动、又没有排在它后面的请求可抢，只好抢占自己），其余 {{N_DEMO - 2}} 个请求接着解码。下图画出每一步占用的块数、运行中与等待中的请求数，红色竖线是发生抢占的步：
 
 # %%
 steps = demo.steps
 x = [st.step for st in steps]
 fig, ax = plt.subplots(figsize=(9, 3))
 ax.step(x, [st.kv_blocks_used for st in steps], where="post", color="C0", label="KV blocks used")
-ax.axhline(24, color="k", ls=":", lw=1, label="pool (24 blocks)")
+ax.axhline(POOL_DEMO, color="k", ls=":", lw=1, label=f"pool ({POOL_DEMO} blocks)")
 ax2 = ax.twinx()
 ax2.step(x, [st.num_running for st in steps], where="post", color="C2", label="running")
 ax2.step(x, [st.num_waiting for st in steps], where="post", color="0.5", ls="--", label="waiting")
 for st in steps:
     if st.num_preempted:
         ax.axvline(st.step, color="C3", alpha=0.6, lw=1.5)
-ax.set(xlabel="step", ylabel="blocks", ylim=(0, 26), title="6 requests x (40 + 80) tokens in a 24-block pool")
-ax2.set(ylabel="requests", ylim=(0, 7))
+ax.set(xlabel="step", ylabel="blocks", ylim=(0, POOL_DEMO + 2),
+       title=f"{N_DEMO} requests x ({P_DEMO} + {O_DEMO}) tokens in a {POOL_DEMO}-block pool")
+ax2.set(ylabel="requests", ylim=(0, N_DEMO + 1))
 ax.legend(loc="lower left", fontsize=7)
 ax2.legend(loc="lower right", fontsize=7)
 ax.grid(alpha=0.3)
@@ -135,8 +146,8 @@ print(inspect.getsource(Scheduler._preempt))
 # | minibatch（`minibatch/scheduler.py`，`_pick_victim`） | 策略顺序之外的运行中请求优先，然后从顺序末尾往前 | `preemption_mode="recompute"`（默认）或 `"swap"` |
 #
 # 有一处细节 minibatch 与 vLLM V1 不同：vLLM V1 在一步里只要抢占过，就不再接纳新请求；minibatch 只在等待中的请求**被拒绝**之后才停止接纳，
-# 所以被抢占者释放出来、而抢占者没用完的块，可能在同一步就被一个新到的请求拿走。下面用调度器本身复现：池里 4 个块，
-# `a`（4 Token，1 块，要长到第 2 块）、`b`（2 Token，1 块）、`d`（8 Token，2 块）都在运行，新请求 `late`（2 Token）在等待：
+# 所以被抢占者释放出来、而抢占者没用完的块，可能在同一步就被一个新到的请求拿走。下面用调度器本身复现：一个很小的池，
+# 三个请求 `a`、`b`、`d` 在运行，新请求 `late` 在等待：
 
 # %%
 def tiny_scheduler(num_blocks, block_size=4, **cfg):
@@ -157,20 +168,28 @@ def apply_step(sched, batch):
             r.output_token_ids.append(7)
 
 
-s4 = tiny_scheduler(4)
-for r in (make_req("a", 4), make_req("b", 2), make_req("d", 8)):
-    s4.add(r)
-apply_step(s4, s4.schedule(0.0))                       # all three prefill: 1 + 1 + 2 = 4 blocks
-s4.add(make_req("late", 2))
+S4_POOL, S4_BS = 4, 4                                  # blocks, tokens per block
+S4_LENS, LATE_LEN = {"a": 4, "b": 2, "d": 8}, 2        # prompt tokens of the running requests and of late
+s4 = tiny_scheduler(S4_POOL, block_size=S4_BS)
+for rid, n in S4_LENS.items():
+    s4.add(make_req(rid, n))
+apply_step(s4, s4.schedule(0.0))                       # all three prefill and fill the pool
+s4.add(make_req("late", LATE_LEN))
 b4 = s4.schedule(0.0)
 scheduled_ids = [(r.request_id, n) for r, n in b4.items]
 print("scheduled:", scheduled_ids, "| preempted:", [r.request_id for r in b4.preempted],
       "| waiting now:", [r.request_id for r in s4.waiting])
-assert [r.request_id for r in b4.preempted] == ["d"] and ("late", 2) in scheduled_ids, \
+
+# %% tags=["check"]
+s4_blocks = {rid: -(-n // S4_BS) for rid, n in S4_LENS.items()}
+assert sum(s4_blocks.values()) == S4_POOL and S4_LENS["a"] % S4_BS == 0, "the prose: a full pool, a needs a block"
+assert [r.request_id for r in b4.preempted] == ["d"] and ("late", LATE_LEN) in scheduled_ids, \
     "the prose says d is preempted and late is admitted in the same step"
 
 # %% [markdown]
-# `a` 要第 2 个块，`d` 被抢占、放回等待队首，它的 2 个块里 `a` 只用了 1 个，剩下那个在同一步给了 `late`。
+# 池里 {{S4_POOL}} 个块（每块 {{S4_BS}} Token）：`a`（{{S4_LENS['a']}} Token，{{s4_blocks['a']}} 块，下一个 Token 要第 {{s4_blocks['a'] + 1}} 块）、
+# `b`（{{S4_LENS['b']}} Token，{{s4_blocks['b']}} 块）、`d`（{{S4_LENS['d']}} Token，{{s4_blocks['d']}} 块）正好占满，`late` 有 {{LATE_LEN}} 个 Token。
+# `a` 要一个新块，`d` 被抢占、放回等待队首，它的 {{s4_blocks['d']}} 个块里 `a` 只用了 1 个，剩下的在同一步给了 `late`。
 # 在 vLLM V1 里 `late` 要等到下一步——这个差别会加重 12.4 节的抖动，练习 4 请你量一量。
 #
 # ## 12.3 重算还是换出：代价模型
@@ -184,7 +203,8 @@ assert [r.request_id for r in b4.preempted] == ["d"] and ("late", 2) in schedule
 #   出去一次、回来一次，时间约为 $2 S(n) / \text{主机链路带宽}$。minibatch 按 PCIe Gen4 x16 实际能达到的
 #   `HOST_LINK_BYTES_PER_S` = {{HOST_LINK_BYTES_PER_S / 1e9:.0f}} GB/s 计（`minibatch/swap.py`），拷贝时间加在这一步上。
 #
-# 在 A100-80G 上比较 MHA 的 Llama-2-7B（32 个 KV 头）与 GQA 的 Llama-3-8B（8 个 KV 头）：
+# 在 A100-80G 上比较 MHA 的 Llama-2-7B（{{make_cost_model('llama-2-7b', 'a100-80g').model.num_kv_heads}} 个 KV 头）与
+# GQA 的 Llama-3-8B（{{make_cost_model('llama-3-8b', 'a100-80g').model.num_kv_heads}} 个 KV 头）：
 
 # %%
 ctx = np.array([128, 256, 512, 1024, 2048, 4096])
@@ -209,6 +229,8 @@ ax.legend(fontsize=7)
 plt.show()
 ratio7 = cost["llama-2-7b"]["recompute"] / cost["llama-2-7b"]["swap"]
 ratio8 = cost["llama-3-8b"]["recompute"] / cost["llama-3-8b"]["swap"]
+
+# %% tags=["check"]
 assert (ratio7 > 1).all() and (ratio8 > ratio7).all(), "the prose says swap is cheaper on paper, more so with GQA"
 
 # %% [markdown]
@@ -227,7 +249,7 @@ assert (ratio7 > 1).all() and (ratio8 > ratio7).all(), "the prose says swap is c
 #
 # 下面在过载的 7B / A100 上实测这三种做法。先定义两个测量工具：`Metered` 是一个只多了计数功能的连续批处理策略，
 # 它在每步结束时（`on_step`）累加每个请求实际计算的 Token 数，减去“不被抢占时必须算的”
-# $p_i + o_i - 1 - \text{命中数}_i$，就是这个请求被**重复计算**的 Token；`steady` 只统计到达时间落在中间 80% 的请求，
+# $p_i + o_i - 1 - \text{命中数}_i$，就是这个请求被**重复计算**的 Token；`steady` 只统计到达时间落在中间的请求，
 # 吞吐则数这段时间窗内产出的 Token，以排除预热与收尾。
 
 # %%
@@ -255,8 +277,11 @@ def recomputed(result, rec):
     """Tokens of ``rec`` computed more than once (preemption), beyond prompt + output - 1 - cached."""
     return result.extra["computed"].get(rec.request_id, 0) - (rec.prompt_len + rec.output_len - 1 - rec.num_cached_tokens)
 
+# %%
+STEADY = (0.1, 0.9)                  # arrival quantiles that bound the steady-state window
 
-def steady(result, lo=0.1, hi=0.9):
+
+def steady(result, lo=STEADY[0], hi=STEADY[1]):
     """Steady-state metrics: requests that arrived in the middle 80% of arrivals; tokens made in that window."""
     t0, t1 = np.quantile([q.arrival_time for q in result.requests], [lo, hi])
     mid = [q for q in result.requests if t0 <= q.arrival_time <= t1]
@@ -270,23 +295,26 @@ def steady(result, lo=0.1, hi=0.9):
                 preemptions=sum(q.num_preemptions for q in mid), recomputed=redo, recomputed_share=redo / work,
                 max_preempt=max(q.num_preemptions for q in mid))
 
-
+# %%
 OVERLOAD = dict(input_len=lognormal(median=256, sigma=0.6, max=2048),
                 output_len=lognormal(median=192, sigma=0.8, max=1024))
-POOL = 800
-wl = synthetic(300, 10.0, **OVERLOAD, seed=1)
+N_OVER, RATE_OVER = 300, 10.0
+POOL, TIGHT, POOLS = 800, 300, [300, 400, 600, 800, 1200, 2000]    # KV blocks: 12.3, 12.4 and 12.4's sweep
+wl = synthetic(N_OVER, RATE_OVER, **OVERLOAD, seed=1)
 cm7 = make_cost_model("llama-2-7b", "a100-80g")
-full_pool = cm7.kv_capacity_tokens() // 16
-need = -(-(wl.prompt_lens + wl.output_lens) // 16)
-assert need.max() <= POOL, "every request fits the pool on its own (check fit before plotting)"
+full_pool = cm7.kv_capacity_tokens() // BS
+need = blocks(wl.prompt_lens + wl.output_lens)
+assert need.max() <= TIGHT, "every request fits even the tightest pool on its own"
 offered = wl.stats()["rate"] * float(np.mean(wl.output_lens))
 print(f"{len(wl)} requests at {wl.stats()['rate']:.1f} req/s, offered {offered:.0f} output tok/s; "
       f"largest request needs {need.max()} of {POOL} blocks (the full A100-80G pool would be {full_pool})")
 
 # %% [markdown]
-# 负载是 {{len(wl)}} 个请求、{{wl.stats()["rate"]:.1f}} req/s，提示词中位数 256、输出中位数 192（对数正态），
+# `steady` 取到达时间落在 {{STEADY[0]:.0%}}–{{STEADY[1]:.0%}} 分位之间的请求。
+# 负载是 {{len(wl)}} 个请求、{{wl.stats()["rate"]:.1f}} req/s，提示词中位数 {{OVERLOAD['input_len'].median:.0f}}、
+# 输出中位数 {{OVERLOAD['output_len'].median:.0f}}（对数正态），
 # 每秒要求生成约 {{offered:.0f}} 个输出 Token——超过这台模拟服务器能给的，所以它是过载的。为了让 KV 成为瓶颈，
-# 池里只给 {{POOL}} 个块（{{POOL * 16}} 个 Token 槽位），约为 A100-80G 上 7B 默认池（{{full_pool}} 块）的
+# 池里只给 {{POOL}} 个块（{{POOL * BS}} 个 Token 槽位），约为 A100-80G 上 7B 默认池（{{full_pool}} 块）的
 # {{POOL / full_pool:.0%}}，相当于显存被更大的模型或别的副本挤占；单个请求最多要 {{need.max()}} 个块，放得下。
 
 # %%
@@ -302,6 +330,10 @@ for name, r in three.items():
 md_table(["preemption (max_utilization)", "preemptions", "recomputed tokens", "share of compute",
           "blocks swapped out", "output tok/s", "TPOT p99 (ms)"], rows)
 st3 = {k: steady(r) for k, r in three.items()}
+CLOSE = 0.05                         # "about the same" throughput
+N_WORST = 12                         # requests drawn in 12.4's Gantt chart
+
+# %% tags=["check"]
 assert st3["swap"]["recomputed"] == 0 < st3["recompute + prefix cache"]["recomputed"] < st3["recompute"]["recomputed"], \
     "the prose says swap recomputes nothing and the prefix cache saves part of the recompute"
 
@@ -312,33 +344,34 @@ assert st3["swap"]["recomputed"] == 0 < st3["recompute + prefix cache"]["recompu
 # （{{1 - st3["recompute + prefix cache"]["recomputed"] / st3["recompute"]["recomputed"]:.0%}}）：池一紧，被抢占者释放的块
 # 正是抢占者要用的，它们马上被分配出去，缓存的内容随之被驱逐（本次运行驱逐了 {{three["recompute + prefix cache"].extra["evictions"]:,}} 个缓存块）。
 # 换出一个 Token 也不重算，代价是 {{three["swap"].summary()["num_swapped_blocks"]:,}} 个块在 PCIe 上往返。
-# 三者的吞吐相差{{"不到" if max(s["tok_s"] for s in st3.values()) / min(s["tok_s"] for s in st3.values()) < 1.05 else "超过"}} 5%：
+# 三者的吞吐相差{{"不到" if max(s["tok_s"] for s in st3.values()) / min(s["tok_s"] for s in st3.values()) < 1 + CLOSE else "超过"}} {{CLOSE:.0%}}：
 # 一个可能的解释是：解码受访存限制（第 2 章），重算的 Token 以预填充块的形式混进解码步里（第 11 章），多半只占用了空闲的算力。
 #
 # ## 12.4 抖动：同一个请求被反复抢占
 #
 # 抢占本身不可怕，可怕的是**反复**抢占：一个请求刚重算完、又长了几块，就又成了顺序末尾的那个；池越紧，它被赶出去的次数越多，
 # 每次都要把越来越长的 KV 再算一遍。这就是操作系统里所说的抖动（Thrashing）——系统忙着把工作搬进搬出，有用的进展越来越少。
-# 把池缩到 300 块，同一个负载下每个请求被抢占的次数分布如下，下面的甘特图是被抢占最多的 12 个请求的时间线（红色为被抢占、等待恢复的时段）：
+# 把池缩到 {{TIGHT}} 块，同一个负载下每个请求被抢占的次数分布如下，下面的甘特图是被抢占最多的 {{N_WORST}} 个请求的时间线
+# （红色为被抢占、等待恢复的时段）：
 
 # %%
-tight_engine = LLMEngine(EngineConfig.from_kwargs(**SIM, num_kv_blocks=300), clock="virtual")
+tight_engine = LLMEngine(EngineConfig.from_kwargs(**SIM, num_kv_blocks=TIGHT), clock="virtual")
 tight_meter = tight_engine.scheduler.policy = Metered()
 tight_log = EventLog(tight_engine)
 tight = run(wl, engine=tight_engine)
 tight.extra["computed"] = dict(tight_meter.computed)
 tight.extra["events"] = tight_log.events
 counts = collections.Counter(q.num_preemptions for q in tight.requests)
-worst = sorted(tight.requests, key=lambda q: (-q.num_preemptions, q.arrival_time))[:12]
+worst = sorted(tight.requests, key=lambda q: (-q.num_preemptions, q.arrival_time))[:N_WORST]
 fig, ax = plt.subplots(figsize=(4.5, 2.8))
 ks = sorted(counts)
 ax.bar(ks, [counts[k] for k in ks], color="C3")
 ax.set(xlabel="times preempted", ylabel="requests",
-       title=f"300-block pool: {sum(q.num_preemptions for q in tight.requests)} preemptions in all")
+       title=f"{TIGHT}-block pool: {sum(q.num_preemptions for q in tight.requests)} preemptions in all")
 ax.grid(alpha=0.3, axis="y")
 plt.show()
-g = gantt(RunResult(worst, tight.steps, tight.config), max_requests=12, events=tight.extra["events"], figsize=(9, 3.4))
-g.axes[0].set_title("the 12 most-preempted requests (red: preempted, waiting to resume)", fontsize=9)
+g = gantt(RunResult(worst, tight.steps, tight.config), max_requests=N_WORST, events=tight.extra["events"], figsize=(9, 3.4))
+g.axes[0].set_title(f"the {N_WORST} most-preempted requests (red: preempted, waiting to resume)", fontsize=9)
 display(g)
 print(f"most-preempted request: {worst[0].request_id}, {worst[0].num_preemptions} times; "
       f"recomputed {recomputed(tight, worst[0]):,} tokens for a {worst[0].prompt_len}+{worst[0].output_len}-token request")
@@ -346,28 +379,27 @@ print(f"most-preempted request: {worst[0].request_id}, {worst[0].num_preemptions
 # %% [markdown]
 # 被抢占最多的请求 {{worst[0].request_id}} 被赶出去 {{worst[0].num_preemptions}} 次，为一个
 # {{worst[0].prompt_len}} + {{worst[0].output_len}} Token 的请求重复计算了 {{recomputed(tight, worst[0]):,}} 个 Token。
-# 池的大小决定了抖动的程度。下面固定负载，把池从 300 块放大到 2000 块（`max_utilization` + 重算）：
+# 池的大小决定了抖动的程度。下面固定负载，把池从 {{POOLS[0]}} 块放大到 {{POOLS[-1]}} 块（`max_utilization` + 重算）：
 
 # %%
-POOLS = [300, 400, 600, 800, 1200, 2000]
 sweep = {p: steady(run_metered(wl, **SIM, num_kv_blocks=p)) for p in POOLS}
 fig, ax = plt.subplots(figsize=(7.5, 3.2))
 ax.plot(POOLS, [sweep[p]["recomputed_share"] * 100 for p in POOLS], "o-", color="C3", label="recomputed share of compute (%)")
-ax.set(xlabel="KV pool (blocks of 16 tokens)", ylabel="% of computed tokens", xscale="log")
+ax.set(xlabel=f"KV pool (blocks of {BS} tokens)", ylabel="% of computed tokens", xscale="log")
 ax.set_xticks(POOLS, [str(p) for p in POOLS])
 ax2 = ax.twinx()
 ax2.plot(POOLS, [sweep[p]["tok_s"] for p in POOLS], "s--", color="C0", label="steady output tok/s")
 ax2.set_ylabel("output tok/s", color="C0")
-ax.set_title("Thrashing shrinks as the pool grows (llama-2-7b, A100-80G, 10 req/s)", fontsize=10)
+ax.set_title(f"Thrashing shrinks as the pool grows (llama-2-7b, A100-80G, {RATE_OVER:g} req/s)", fontsize=10)
 ax.grid(alpha=0.3)
 ax.legend(loc="upper center", fontsize=7)
 plt.show()
 print(" ".join(f"{p}: {sweep[p]['preemptions']} preemptions, {sweep[p]['recomputed_share']:.1%} recomputed;" for p in POOLS))
-assert sweep[300]["recomputed_share"] > sweep[800]["recomputed_share"] > sweep[2000]["recomputed_share"] == 0, \
-    "the prose says the recomputed share falls as the pool grows, to none at 2000 blocks"
+assert sweep[TIGHT]["recomputed_share"] > sweep[POOL]["recomputed_share"] > sweep[POOLS[-1]]["recomputed_share"] == 0, \
+    "the prose says the recomputed share falls as the pool grows, to none at the largest pool"
 
 # %% [markdown]
-# 300 块时，稳态下 {{sweep[300]["recomputed_share"]:.1%}} 的计算是重复的；到 2000 块，负载里的请求再也挤不满池，
+# {{TIGHT}} 块时，稳态下 {{sweep[TIGHT]["recomputed_share"]:.1%}} 的计算是重复的；到 {{POOLS[-1]}} 块，负载里的请求再也挤不满池，
 # 抢占消失。吞吐随池变大而上升，这里同时有两个原因——能同时解码的请求更多（批更大）与重复计算更少——这张图无法把它们分开。
 #
 # ## 12.5 准入控制：从源头少抢占
@@ -391,7 +423,7 @@ assert sweep[300]["recomputed_share"] > sweep[800]["recomputed_share"] > sweep[2
 #   每步减去 (0.7 − 0.7 × 0.14) / 600（`default_min_new_token_ratio_factor` = 0.14，`default_new_token_ratio_decay_steps` = 600），
 #   降到 0.7 × 0.14 ≈ 0.1 为止；一旦显存不够、要撤回请求（`scheduler.py` 调用 `retract_decode`），$r$ 被重设为
 #   $\min\big(1, (\sum g + 20 \cdot n_\text{running}) / \sum m\big)$（20 是 `retract_decode_steps`）。
-#   minibatch 的 `Conservative` 按同样的动态维护 $r$（重设时不低于初值 0.7），但有一处简化：它对**新请求**也只预留 $r$ 倍的估计，
+#   minibatch 的 `Conservative` 按同样的动态维护 $r$（重设时不低于初值 {{inspect.signature(Conservative).parameters['init_ratio'].default}}），但有一处简化：它对**新请求**也只预留 $r$ 倍的估计，
 #   而 SGLang v0.5.3 的 `PrefillAdder.add_one_req` 对新请求预留完整的 $\min(m_j, 4096)$，只对已在运行的请求乘以 $r$。
 
 # %%
@@ -400,7 +432,7 @@ print(inspect.getsource(Conservative.can_admit))
 print(inspect.getsource(Conservative.on_step))
 
 # %% [markdown]
-# 在 12.3 节的过载负载上（{{POOL}} 块），三种准入 × 两种抢占方式，各跑 3 个负载种子，报告稳态指标的均值 ± 标准差：
+# 在 12.3 节的过载负载上（{{POOL}} 块），三种准入 × 两种抢占方式，各跑几个负载种子，报告稳态指标的均值 ± 标准差：
 
 # %%
 SEEDS = [1, 2, 3]
@@ -408,7 +440,7 @@ ADMISSIONS = ["max_utilization", "conservative", "guaranteed_no_evict"]
 MODES = ["recompute", "swap"]
 grid = {}
 for seed in SEEDS:
-    wl_s = wl if seed == 1 else synthetic(300, 10.0, **OVERLOAD, seed=seed)
+    wl_s = wl if seed == 1 else synthetic(N_OVER, RATE_OVER, **OVERLOAD, seed=seed)
     for adm in ADMISSIONS:
         for mode in MODES:
             grid[adm, mode, seed] = steady(run_metered(wl_s, **SIM, num_kv_blocks=POOL, admission=adm, preemption_mode=mode))
@@ -441,22 +473,26 @@ for ax, (key, label, scale) in zip(axes, [("preemptions", "preemptions", 1), ("t
     ax.set_title(label, fontsize=9)
     ax.grid(alpha=0.3, axis="y")
 axes[0].legend(fontsize=7)
-fig.suptitle(f"Admission x preemption mode, llama-2-7b on A100-80G, {POOL}-block pool, 3 seeds (mean ± sd)", fontsize=10)
+fig.suptitle(f"Admission x preemption mode, llama-2-7b on A100-80G, {POOL}-block pool, {len(SEEDS)} seeds (mean ± sd)",
+             fontsize=10)
 fig.tight_layout()
 plt.show()
 
+# %%
 mu_pre, cons_pre = stat("max_utilization", "recompute", "preemptions")[0], stat("conservative", "recompute", "preemptions")[0]
 gne = {m: stat("guaranteed_no_evict", m, "preemptions")[0] for m in MODES}
 mu_tok, cons_tok, gne_tok = (stat(a, "recompute", "tok_s")[0] for a in ADMISSIONS)
 mu_tpot, cons_tpot, gne_tpot = (stat(a, "recompute", "tpot_p99")[0] for a in ADMISSIONS)
 n_mid = stat("max_utilization", "recompute", "n")[0]
+
+# %% tags=["check"]
 assert gne["recompute"] == gne["swap"] == 0, "the prose says guaranteed_no_evict never preempts"
 assert cons_pre < mu_pre / 5, "the prose says conservative preempts far less than max_utilization"
 assert gne_tok < min(mu_tok, cons_tok), "the prose says guaranteed_no_evict gives up throughput"
 assert gne_tpot < cons_tpot < mu_tpot, "the prose orders the TPOT tails this way"
 
 # %% [markdown]
-# 结论都来自上面 3 个种子的均值：
+# 结论都来自上面 {{len(SEEDS)}} 个种子的均值：
 #
 # - `guaranteed_no_evict` 一次也不抢占，p99 TPOT 最低（{{gne_tpot * 1e3:.1f}} ms），但按最坏情况预留让批变小，稳态吞吐只有
 #   {{gne_tok:.0f}} tok/s，是 `max_utilization`（{{mu_tok:.0f}} tok/s）的 {{gne_tok / mu_tok:.0%}}；
@@ -488,34 +524,44 @@ plt.show()
 # ## 12.6 在真实的 tiny 模型上：抢占不改变输出
 #
 # 重算之所以可行，是因为它算出的 KV 与原来的一样：同样的 Token、同样的位置，贪心解码下一步的 Token 就一样。
-# 换出更直接：拷回来的就是原来的 KV。用嵌入的 tiny 模型验证：8 个请求同时到达（提示词 24 Token、各生成 40 Token），
-# 池只有 12 个块（每块 16 Token）时必然抢占；再给 64 个块跑一遍作对照（不抢占）。三次运行的输出必须逐 Token 相同：
+# 换出更直接：拷回来的就是原来的 KV。用嵌入的 tiny 模型验证：一组请求同时到达，池很小时必然抢占；
+# 再给一个大池跑一遍作对照（不抢占）：
+
+# %%
+TINY_N, TINY_P, TINY_O, SMALL, LARGE = 8, 24, 40, 12, 64     # requests, prompt and output tokens; KV blocks
+torch.set_num_threads(1)
+tiny_wl = synthetic(TINY_N, float("inf"), input_len=TINY_P, output_len=TINY_O, seed=0)
+TINY = dict(model="tiny", block_size=BS, max_num_seqs=TINY_N)
+
+# %% [markdown]
+# {{TINY_N}} 个请求（提示词 {{TINY_P}} Token、各生成 {{TINY_O}} Token），池只有 {{SMALL}} 个块（每块 {{BS}} Token）时必然抢占，
+# {{LARGE}} 个块时不抢占。三次运行的输出必须逐 Token 相同：
 
 # %% tags=["nbval-check-output"]
-torch.set_num_threads(1)
-tiny_wl = synthetic(8, float("inf"), input_len=24, output_len=40, seed=0)
-TINY = dict(model="tiny", block_size=16, max_num_seqs=8)
-tiny_runs = {"64 blocks (no preemption)": run(tiny_wl, **TINY, num_kv_blocks=64),
-             "12 blocks, recompute": run(tiny_wl, **TINY, num_kv_blocks=12),
-             "12 blocks, swap": run(tiny_wl, **TINY, num_kv_blocks=12, preemption_mode="swap")}
-ref_tokens = [q.output_token_ids for q in tiny_runs["64 blocks (no preemption)"].requests]
+tiny_runs = {f"{LARGE} blocks (no preemption)": run(tiny_wl, **TINY, num_kv_blocks=LARGE),
+             f"{SMALL} blocks, recompute": run(tiny_wl, **TINY, num_kv_blocks=SMALL),
+             f"{SMALL} blocks, swap": run(tiny_wl, **TINY, num_kv_blocks=SMALL, preemption_mode="swap")}
+ref_tokens = [q.output_token_ids for q in tiny_runs[f"{LARGE} blocks (no preemption)"].requests]
+same = {}
 for name, r in tiny_runs.items():
-    same = [q.output_token_ids for q in r.requests] == ref_tokens
+    same[name] = [q.output_token_ids for q in r.requests] == ref_tokens
     print(f"{name:<26} preemptions {r.summary()['num_preemptions']:>2}, swapped blocks {r.summary()['num_swapped_blocks']:>2}, "
-          f"outputs identical to the no-preemption run: {same}")
-    assert same, "greedy outputs must not depend on preemption"
+          f"outputs identical to the no-preemption run: {same[name]}")
+
+# %% tags=["check"]
+assert all(same.values()), "greedy outputs must not depend on preemption"
 assert all(tiny_runs[k].summary()["num_preemptions"] > 0 for k in list(tiny_runs)[1:])
-assert tiny_runs["64 blocks (no preemption)"].summary()["num_preemptions"] == 0
+assert tiny_runs[f"{LARGE} blocks (no preemption)"].summary()["num_preemptions"] == 0
 
 # %% [markdown]
 # ## 12.7 动手：池大小 × 准入 × 抢占方式
 #
 # 下面的控件在 12.3 节的负载上运行一次，画出每一步占用的块数与发生抢占的时刻，并打印稳态指标。建议试试：
-# 把池从 2000 块慢慢缩到 300 块，看 `max_utilization` 的抢占从无到有、红线越来越密；在同一个池大小下切换到
+# 把池从 {{POOLS[-1]}} 块慢慢缩到 {{TIGHT}} 块，看 `max_utilization` 的抢占从无到有、红线越来越密；在同一个池大小下切换到
 # `conservative` 和 `guaranteed_no_evict`，比较吞吐与 p99 TPOT 的取舍。
 
 # %% tags=["nbval-ignore-output"]
-def explore(pool=800, admission="max_utilization", preemption_mode="recompute"):
+def explore(pool=POOL, admission="max_utilization", preemption_mode="recompute"):
     r = run_metered(wl, **SIM, num_kv_blocks=pool, admission=admission, preemption_mode=preemption_mode)
     s = steady(r)
     t = np.array([st.start_time for st in r.steps])
@@ -534,9 +580,14 @@ def explore(pool=800, admission="max_utilization", preemption_mode="recompute"):
 
 
 W.interact(explore,
-           pool=W.IntSlider(value=800, min=300, max=2400, step=100, continuous_update=False, description="pool (blocks)"),
+           pool=W.IntSlider(value=POOL, min=TIGHT, max=2400, step=100, continuous_update=False, description="pool (blocks)"),
            admission=W.Dropdown(options=ADMISSIONS, value="max_utilization"),
            preemption_mode=W.Dropdown(options=MODES, value="recompute"));
+
+# %% tags=["check"]
+# The exercises' settings, and the figures their hints quote.
+EX_RATIOS, EX_SWAP = [0.3, 1.0], [50, 200, 800]
+ex_kv = cost["llama-3-8b"]["kv_kib"] / cost["llama-2-7b"]["kv_kib"]
 
 # %% [markdown]
 # ## 本章小结
@@ -557,13 +608,13 @@ W.interact(explore,
 # ## 练习
 #
 # 1. **保守程度。** SGLang 的 `--schedule-conservativeness` 把初始比例 0.7 乘上一个系数。在 12.5 节的负载上，
-#    把引擎的准入换成 `Conservative(init_ratio=0.3)`、`Conservative(init_ratio=1.0)`（`engine.scheduler.admission = ...`，
+#    把引擎的准入换成 `Conservative(init_ratio={{EX_RATIOS[0]}})`、`Conservative(init_ratio={{EX_RATIOS[1]}})`（`engine.scheduler.admission = ...`，
 #    再 `run(wl, engine=engine)`），比较抢占次数、吞吐与 p99 TPOT。比例越高越接近哪一种准入？
-# 2. **换出池的大小。** 把 `swap_space_blocks` 设为 50、200、800，重跑 12.3 节的 `swap`。主机池放不下时 minibatch 退回重算，
+# 2. **换出池的大小。** 把 `swap_space_blocks` 设为 {{'、'.join(map(str, EX_SWAP))}}，重跑 12.3 节的 `swap`。主机池放不下时 minibatch 退回重算，
 #    重算 Token 怎样随之变化？
 # 3. **GQA 与抢占方式。** 把 12.3 节的实验换成 `model="llama-3-8b"`（注意 KV 容量不同，池大小要按块数给出）。重算与换出的吞吐差别变大还是变小？用 12.3 节的代价模型解释。
 # 4. **同一步里的接纳。** 12.2 节说 minibatch 会把被抢占者释放的块在同一步交给新请求，而 vLLM V1 不会。写一个策略（`ContinuousPolicy` 的子类），
-#    当池里空闲块少于运行中请求数时把等待中的请求排除在顺序之外，近似 vLLM V1 的行为；在 300 块的池上比较重算 Token 与 p99 TPOT。
+#    当池里空闲块少于运行中请求数时把等待中的请求排除在顺序之外，近似 vLLM V1 的行为；在 {{TIGHT}} 块的池上比较重算 Token 与 p99 TPOT。
 # 5. **SGLang 的撤回顺序。** 写一个策略，让调度顺序的末尾是“已生成 Token 最少、提示词最长”的运行中请求（SGLang `retract_decode` 的顺序），
 #    与默认（最后接纳者）比较抖动程度。
 #
@@ -571,9 +622,9 @@ W.interact(explore,
 #
 # 1. 比例越高，为运行中请求预留的越多，越接近 `guaranteed_no_evict`（抢占更少、批更小）；比例越低越接近 `max_utilization`。
 #    注意 $r$ 每步都在衰减，初值只决定开头与每次抢占之后的一段时间，所以差别比初值的差别小；12.5 节的比例曲线说明了这一点。
-# 2. `run_metered(wl, **SIM, num_kv_blocks=POOL, preemption_mode="swap", swap_space_blocks=50)`；主机池越小，越多的抢占退回重算，
+# 2. `run_metered(wl, **SIM, num_kv_blocks=POOL, preemption_mode="swap", swap_space_blocks={{EX_SWAP[0]}})`；主机池越小，越多的抢占退回重算，
 #    `steady(...)["recomputed"]` 从 0 逐渐回到纯重算的水平。
-# 3. Llama-3-8B 每 Token 的 KV 是 Llama-2-7B 的 1/4，换出更便宜；但同样的池（按块计）能放的 Token 数相同，抢占次数相近，
+# 3. Llama-3-8B 每 Token 的 KV 是 Llama-2-7B 的 {{ex_kv:.0%}}，换出更便宜；但同样的池（按块计）能放的 Token 数相同，抢占次数相近，
 #    吞吐差别仍然不大——在这个模拟器里，瓶颈是池能容纳的批大小，而不是恢复的代价。
 # 4. 在 `schedule_order` 里：`free = state.kv.num_free_blocks`；若 `free < len(state.running)` 就只返回 `state.running`，
 #    否则返回 `state.running + state.waiting`。把它装进 `run_metered` 的引擎（`engine.scheduler.policy = ...`，计数要自己加上，
