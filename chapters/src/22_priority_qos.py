@@ -15,7 +15,7 @@
 # - 写出带老化的优先级排序键，区分非抢占式与抢占式两种顺序，读懂 minibatch 的 `PriorityPolicy`；
 # - 说清 vLLM V1（v0.11.0）的 `--scheduling-policy priority` 只在运行中的请求长不动时才抢占最低优先级者、
 #   等待中的紧急请求不会抢占任何人，以及 SGLang v0.5.3 的优先级抢占阈值；
-# - 在模拟的 Llama-2-7B / A100 上复现优先级反转：紧急请求排在队首，却要等低优先级请求释放 KV；
+# - 在模拟的 Llama-2-7B / A100-80G 上复现优先级反转：紧急请求排在队首，却要等低优先级请求释放 KV；
 # - 用“反转延迟”与“被抢占者要重算的 Token”两个量比较修复的收益与代价；
 # - 在交互类 + 批处理类的混合负载上、稳态下（多个种子，取中位数）比较 FCFS、非抢占式、抢占式、KV 配额与并发上限；
 # - 在真实的 tiny 模型上验证：换哪种优先级规则，贪心输出都逐 Token 不变。
@@ -38,6 +38,18 @@ from minibatch.viz import md_table
 from minibatch.workload import RequestSpec, Workload, lognormal, synthetic
 
 SIM = dict(executor="sim", model="llama-2-7b", hardware="a100-80g")   # the simulated server of this chapter
+# 22.2: the pool's blocks and tokens per block (the engine's default block_size); blocks kept for class 0 by the KV quota
+POOL, BLOCK, RESERVE_BURST = 400, 16, 130
+BURST = dict(n=30, prompt=512, out_min=256, out_step=16, t_hi=4.0, hi_prompt=2048, hi_out=32, max_lo_running=4)
+need_hi = -(-BURST["hi_prompt"] // BLOCK)                             # blocks the urgent prompt needs
+# 22.3: the mixed load's pool, class-0 reserve (KV quota), class-1 concurrency cap; class-0 SLO and the share to meet it;
+# lognormal length medians; seconds of arrivals, class rates (req/s), seeds and the steady-state trim
+MIX_POOL, RESERVE, MAX_RUN_LO = 300, 64, 6
+SLO_TTFT, ATT_TARGET = 0.2, 0.9
+LEN = dict(prompt=512, hi_out=32, lo_out=192)
+MIX_DUR, HI_RATE, LO_RATE, SEEDS, TRIM22 = 60.0, 1.0, 2.0, [1, 2, 3], 0.2
+# 22.4: the tiny model's case (class-1 requests, their prompt and output, the pool, the step class 0 arrives at, ...)
+TINY = dict(n_lo=6, prompt_lo=40, out_lo=40, pool=20, ref_pool=64, at_step=8, prompt_hi=64, out_hi=8, quota=14)
 print("minibatch", minibatch.__version__)
 
 # %% [markdown]
@@ -91,15 +103,15 @@ print(inspect.getsource(PriorityPolicy._merge))
 # 抢占式调度把这段等待换成被抢占者的重算：挑出的抢占对象集合 $V$ 要满足 $\sum_{v \in V} s_v \ge b_h - F(t_0)$，
 # 它们恢复时要把 $\sum_{v \in V} (p_v + g_v)$ 个 Token 重新算一遍（第 12 章）。
 #
-# 实验：一个批处理作业在 $t = 0$ 一次提交 30 个 1 类请求（提示词 512 Token，输出 256–720 Token），池只有 400 个块（每块 16 Token，
-# 相当于显存被别的模型挤占后剩下的一小块）；$t = 4$ s 时来了一个 0 类的紧急请求：RAG 场景，提示词 2048 Token（128 个块），只生成 32 个 Token。
+# 实验：一个批处理作业在 $t = 0$ 一次提交 {{BURST["n"]}} 个 1 类请求（提示词 {{BURST["prompt"]}} Token，输出 {{BURST["out_min"]}}–{{BURST["out_min"] + BURST["out_step"] * (BURST["n"] - 1)}} Token），
+# 池只有 {{POOL}} 个块（每块 {{BLOCK}} Token，相当于显存被别的模型挤占后剩下的一小块）；$t$ = {{BURST["t_hi"]:g}} s 时来了一个 0 类的紧急请求：RAG 场景，
+# 提示词 {{BURST["hi_prompt"]}} Token（{{need_hi}} 个块），只生成 {{BURST["hi_out"]}} 个 Token。
 
 # %%
-POOL = 400
-RESERVE_BURST = 130           # blocks kept for class 0 by the KV-quota rule (the urgent prompt needs 128)
-burst_specs = [RequestSpec(0.0, 512, 256 + 16 * i, priority=1, request_id=f"lo{i}") for i in range(30)]
-burst = Workload(burst_specs + [RequestSpec(4.0, 2048, 32, priority=0, request_id="hi")], name="burst")
-need_hi = -(-2048 // 16)
+burst_specs = [RequestSpec(0.0, BURST["prompt"], BURST["out_min"] + BURST["out_step"] * i, priority=1, request_id=f"lo{i}")
+               for i in range(BURST["n"])]
+burst = Workload(burst_specs + [RequestSpec(BURST["t_hi"], BURST["hi_prompt"], BURST["hi_out"], priority=0, request_id="hi")],
+                 name="burst")
 assert max(-(-(r.prompt_len + r.max_tokens) // 16) for r in burst) <= POOL, "every request fits the pool on its own"
 
 
@@ -127,18 +139,20 @@ POLICIES = {
     "priority, preemptive": lambda: PriorityPolicy(aging_s=None),
     "non-preemptive + KV quota": lambda: PriorityPolicy(aging_s=None, preemptive=False,
                                                         kv_quota={1: POOL - RESERVE_BURST}),
-    "non-preemptive + max 4 running": lambda: PriorityPolicy(aging_s=None, preemptive=False, max_running={1: 4}),
+    f"non-preemptive + max {BURST['max_lo_running']} running": lambda: PriorityPolicy(
+        aging_s=None, preemptive=False, max_running={1: BURST["max_lo_running"]}),
 }
 bursts = {name: run_policy(burst, make()) for name, make in POLICIES.items()}
 
 
+# %%
 def burst_row(r):
     q = {x.request_id: x for x in r.requests}
     lo = [x for x in r.requests if x.priority == 1]
     end = max(x.finish_time for x in lo)
     return dict(queue=q["hi"].queue_delay, ttft=q["hi"].ttft, lo_end=end, lo_tok_s=sum(x.output_len for x in lo) / end,
                 preempt=sum(x.num_preemptions for x in lo),
-                held_at_arrival=int(r.extra["held"][np.searchsorted(r.extra["held"][:, 0], 4.0) - 1, 2]))
+                held_at_arrival=int(r.extra["held"][np.searchsorted(r.extra["held"][:, 0], BURST["t_hi"]) - 1, 2]))
 
 
 b = {name: burst_row(r) for name, r in bursts.items()}
@@ -149,6 +163,8 @@ md_table(["policy", "hi: queue delay (s)", "hi: TTFT (s)", "class-1 blocks held 
 NP, PR, QU, MR = list(POLICIES)[1:]
 inversion = b[NP]["queue"] - b[PR]["queue"]
 print(f"hi needs {need_hi} blocks; inversion delay (non-preemptive minus preemptive queue delay): {inversion:.3f} s")
+
+# %% tags=["check"]
 assert b[NP]["queue"] > 5 * b[PR]["queue"] and b[NP]["held_at_arrival"] > POOL - need_hi, \
     "the prose says the urgent request waits because class 1 holds the pool"
 assert b[list(POLICIES)[0]]["ttft"] > 10 * b[NP]["ttft"], "the prose says FCFS makes hi wait for the batch job"
@@ -161,14 +177,14 @@ assert b[MR]["queue"] < b[NP]["queue"] / 5 and b[MR]["preempt"] == 0, "the prose
 # 四点观察，数字都来自上表：
 #
 # - **FCFS** 根本不区分类别，紧急请求排在整个批处理作业后面，TTFT 达到 {{b[list(POLICIES)[0]]["ttft"]:.1f}} s——这是排队，还不是反转。
-# - **非抢占式优先级**（vLLM V1 的规则）把它排到了队首，可 $t = 4$ s 时 1 类请求占着 {{b[NP]["held_at_arrival"]}} 个块，
+# - **非抢占式优先级**（vLLM V1 的规则）把它排到了队首，可 $t$ = {{BURST["t_hi"]:g}} s 时 1 类请求占着 {{b[NP]["held_at_arrival"]}} 个块，
 #   空闲块不到它要的 {{need_hi}} 个。它的排队延迟是 {{b[NP]["queue"]:.3f}} s，抢占式下只有 {{b[PR]["queue"]:.3f}} s：
 #   多出来的 {{inversion:.3f}} s 就是反转延迟，完全由别人占着的 KV 决定。
 # - **抢占式优先级**让它立即开始，代价是 1 类请求的抢占从 {{b[NP]["preempt"]}} 次增加到 {{b[PR]["preempt"]}} 次（被抢占者要重算）；
 #   批处理作业的总用时并没有变长（非抢占式 {{b[NP]["lo_end"]:.1f}} s，抢占式 {{b[PR]["lo_end"]:.1f}} s）。
 # - **KV 配额**：1 类请求按最终长度累计最多占 {{POOL - RESERVE_BURST}} 个块，剩下的 {{RESERVE_BURST}} 个块永远留给 0 类。紧急请求不必抢占任何人就立即开始，
 #   一次抢占也没有；代价是批处理作业的并发被压低，吞吐从 {{b[NP]["lo_tok_s"]:.0f}} 降到 {{b[QU]["lo_tok_s"]:.0f}} tok/s——
-#   预留的块在紧急请求不来的时候也空着。**并发上限**（1 类最多 4 个同时运行）在这个作业上效果相同、吞吐为 {{b[MR]["lo_tok_s"]:.0f}} tok/s，
+#   预留的块在紧急请求不来的时候也空着。**并发上限**（1 类最多 {{BURST["max_lo_running"]}} 个同时运行）在这个作业上效果相同、吞吐为 {{b[MR]["lo_tok_s"]:.0f}} tok/s，
 #   但它限制的是请求**个数**而不是块数，能不能保护紧急请求取决于请求有多长（22.3 节会看到它失效的情形）。
 #
 # 下图画出三种规则下每一步两类请求各占的块数（紫色竖线是紧急请求到达，绿色竖线是它的第一个 Token）：
@@ -187,7 +203,7 @@ for ax, name in zip(axes, (NP, PR, QU)):
     ax.grid(alpha=0.3)
 axes[0].set_ylabel("KV blocks held")
 axes[0].legend(loc="lower left", fontsize=7)
-fig.suptitle(f"An urgent 2048-token request meets a {POOL}-block pool held by a batch job (llama-2-7b, A100-80G)",
+fig.suptitle(f"An urgent {BURST['hi_prompt']}-token request meets a {POOL}-block pool held by a batch job (llama-2-7b, A100-80G)",
              fontsize=10)
 fig.tight_layout()
 plt.show()
@@ -204,38 +220,38 @@ plt.show()
 #
 # 单个例子说明机制，比较规则要看稳态。负载由两类请求混合而成（都是泊松到达）：
 #
-# - 0 类（交互）：1 req/s，提示词中位数 512（对数正态），输出中位数 32；SLO 是**每个请求**的 TTFT ≤ 200 ms；
-# - 1 类（批处理）：2 req/s，提示词中位数 512，输出中位数 192；关心稳态窗口内的输出吞吐与 E2E。
+# - 0 类（交互）：{{HI_RATE:g}} req/s，提示词中位数 {{LEN["prompt"]}}（对数正态），输出中位数 {{LEN["hi_out"]}}；SLO 是**每个请求**的 TTFT ≤ {{SLO_TTFT * 1e3:.0f}} ms，
+#   要求至少 {{ATT_TARGET:.0%}} 满足；
+# - 1 类（批处理）：{{LO_RATE:g}} req/s，提示词中位数 {{LEN["prompt"]}}，输出中位数 {{LEN["lo_out"]}}；关心稳态窗口内的输出吞吐与 E2E。
 #
-# 池 300 个块，0 类的 KV 配额规则预留 64 个块（1 类配额 236），并发上限规则让 1 类最多 6 个同时运行。每种规则跑 3 个负载种子，
-# 去掉最先与最后 20% 到达的请求（`steady_state(..., trim=0.2)`），报告中位数：
+# 池 {{MIX_POOL}} 个块，0 类的 KV 配额规则预留 {{RESERVE}} 个块（1 类配额 {{MIX_POOL - RESERVE}}），并发上限规则让 1 类最多 {{MAX_RUN_LO}} 个同时运行。
+# 每种规则跑 {{len(SEEDS)}} 个负载种子，每个 {{MIX_DUR:.0f}} s 的到达，去掉最先与最后 {{TRIM22:.0%}} 到达的请求（`steady_state(..., trim={{TRIM22}})`），
+# 报告中位数：
 
 # %%
-MIX_POOL = 300
-RESERVE = 64
-SLO_TTFT = 0.2
 MIX_POLICIES = {
     "FCFS": lambda: ContinuousPolicy(),
     "non-preemptive": lambda: PriorityPolicy(aging_s=None, preemptive=False),
     "preemptive": lambda: PriorityPolicy(aging_s=None),
     f"KV quota (reserve {RESERVE})": lambda: PriorityPolicy(aging_s=None, preemptive=False,
                                                             kv_quota={1: MIX_POOL - RESERVE}),
-    "max 6 class-1 running": lambda: PriorityPolicy(aging_s=None, preemptive=False, max_running={1: 6}),
+    f"max {MAX_RUN_LO} class-1 running": lambda: PriorityPolicy(aging_s=None, preemptive=False, max_running={1: MAX_RUN_LO}),
 }
 
 
-def mixed(seed, n_hi=50, n_lo=100):
-    hi = synthetic(n_hi, 1.0, input_len=lognormal(median=512, sigma=0.4, max=1024),
-                   output_len=lognormal(median=32, sigma=0.5, max=128), seed=seed, priorities=[0], name="hi")
-    lo = synthetic(n_lo, 2.0, input_len=lognormal(median=512, sigma=0.4, max=1024),
-                   output_len=lognormal(median=192, sigma=0.5, max=512), seed=seed + 100, priorities=[1], name="lo")
+def mixed(seed, n_hi=int(HI_RATE * MIX_DUR) + 1, n_lo=int(LO_RATE * MIX_DUR) + 1):
+    hi = synthetic(n_hi, HI_RATE, input_len=lognormal(median=LEN["prompt"], sigma=0.4, max=1024),
+                   output_len=lognormal(median=LEN["hi_out"], sigma=0.5, max=128), seed=seed, priorities=[0], name="hi")
+    lo = synthetic(n_lo, LO_RATE, input_len=lognormal(median=LEN["prompt"], sigma=0.4, max=1024),
+                   output_len=lognormal(median=LEN["lo_out"], sigma=0.5, max=512), seed=seed + 100, priorities=[1], name="lo")
     return hi.merge(lo, name="mixed")
 
 
+# %%
 def steady_classes(result):
     """Steady-state metrics per class: the middle 60% of arrivals; class-1 tokens made in that window."""
-    t0, t1 = steady_window(result.requests, 0.2)
-    mid = steady_state(result.requests, 0.2)
+    t0, t1 = steady_window(result.requests, TRIM22)
+    mid = steady_state(result.requests, TRIM22)
     hi = [q for q in mid if q.priority == 0]
     lo = [q for q in mid if q.priority == 1]
     made = sum(int(np.count_nonzero((np.asarray(q.token_times) >= t0) & (np.asarray(q.token_times) < t1)))
@@ -246,7 +262,7 @@ def steady_classes(result):
                 lo_tok_s=made / (t1 - t0), preempt=sum(q.num_preemptions for q in mid))
 
 
-SEEDS = [1, 2, 3]
+# %%
 largest = max(-(-(r.prompt_len + r.max_tokens) // 16) for s in SEEDS for r in mixed(s))
 assert largest <= MIX_POOL - RESERVE, "every request fits the pool, and every class-1 request fits its quota"
 grid = {(name, s): steady_classes(run_policy(mixed(s), make(), pool=MIX_POOL))
@@ -263,6 +279,8 @@ md_table(["policy", "class 0: TTFT p50 (ms)", "TTFT p90 (ms)", f"TTFT ≤ {SLO_T
            f"{med(n, 'lo_e2e'):.2f}", f"{med(n, 'lo_tok_s'):.0f}", f"{med(n, 'preempt'):.0f}"] for n in MIX_POLICIES])
 print("steady-state class-0 requests per seed:", [grid["FCFS", s]["n_hi"] for s in SEEDS],
       "| attainment per seed:", {n: [round(grid[n, s]["attain"], 2) for s in SEEDS] for n in MIX_POLICIES})
+lo_max_blocks = max(-(-(r.prompt_len + r.max_tokens) // 16) for s in SEEDS for r in mixed(s) if r.priority == 1)
+print(f"largest class-1 request: {lo_max_blocks} blocks; {MAX_RUN_LO} of them: {MAX_RUN_LO * lo_max_blocks} blocks; pool {MIX_POOL}")
 
 # %%
 names = list(MIX_POLICIES)
@@ -273,7 +291,7 @@ for k, s in enumerate(SEEDS):
     ax2.scatter(xs + (k - 1) * 0.12, [grid[n, s]["lo_tok_s"] for n in names], s=12, color="0.4", zorder=3)
 ax1.bar(xs, [med(n, "attain") * 100 for n in names], color="C3", alpha=0.7)
 ax2.bar(xs, [med(n, "lo_tok_s") for n in names], color="C0", alpha=0.7)
-ax1.axhline(90, color="k", ls=":", lw=1)
+ax1.axhline(ATT_TARGET * 100, color="k", ls=":", lw=1)
 ax1.set(ylabel=f"% class-0 with TTFT ≤ {SLO_TTFT * 1e3:.0f} ms", ylim=(0, 105))
 ax2.set(ylabel="class-1 output tok/s (steady)")
 for ax in (ax1, ax2):
@@ -284,22 +302,23 @@ fig.suptitle(f"Interactive + batch on llama-2-7b / A100-80G, {MIX_POOL}-block po
 fig.tight_layout()
 plt.show()
 FC, NPm, PRm, QUm, MRm = names
-assert med(FC, "attain") < med(NPm, "attain") < 0.9 <= min(med(PRm, "attain"), med(QUm, "attain")), \
-    "the prose orders the attainments this way"
-assert med(QUm, "lo_tok_s") < 0.9 * med(NPm, "lo_tok_s") and med(PRm, "lo_tok_s") > 0.95 * med(NPm, "lo_tok_s")
-assert med(MRm, "attain") < 0.9 and med(PRm, "preempt") > med(NPm, "preempt")
-assert med(QUm, "preempt") < med(NPm, "preempt") / 5, "the prose says the quota hardly ever preempts"
 quota_loss = [1 - grid[QUm, s]["lo_tok_s"] / grid[NPm, s]["lo_tok_s"] for s in SEEDS]
 print("class-1 steady output lost to the quota, per seed:", [f"{x:.0%}" for x in quota_loss])
+
+# %% tags=["check"]
+assert med(FC, "attain") < med(NPm, "attain") < ATT_TARGET <= min(med(PRm, "attain"), med(QUm, "attain")), \
+    "the prose orders the attainments this way"
+assert med(QUm, "lo_tok_s") < 0.9 * med(NPm, "lo_tok_s") and med(PRm, "lo_tok_s") > 0.95 * med(NPm, "lo_tok_s")
+assert med(MRm, "attain") < ATT_TARGET and med(PRm, "preempt") > med(NPm, "preempt")
+assert med(QUm, "preempt") < med(NPm, "preempt") / 5, "the prose says the quota hardly ever preempts"
 assert min(quota_loss) > 0.1, "the prose says the quota costs class 1 throughput on every seed"
-lo_max_blocks = max(-(-(r.prompt_len + r.max_tokens) // 16) for s in SEEDS for r in mixed(s) if r.priority == 1)
-assert 6 * lo_max_blocks > MIX_POOL
+assert MAX_RUN_LO * lo_max_blocks > MIX_POOL
 
 # %% [markdown]
 # 每个种子的稳态窗口里只有 {{min(grid['FCFS', s]['n_hi'] for s in SEEDS)}}–{{max(grid['FCFS', s]['n_hi'] for s in SEEDS)}} 个 0 类请求，
-# 所以尾部只报 p90（再往上就只是最大值）。中位数（3 个种子）给出的排序很清楚：
+# 所以尾部只报 p90（再往上就只是最大值）。中位数（{{len(SEEDS)}} 个种子）给出的排序很清楚：
 #
-# - 不分类别的 FCFS 下，只有 {{med(FC, "attain"):.0%}} 的交互请求满足 TTFT ≤ 200 ms；
+# - 不分类别的 FCFS 下，只有 {{med(FC, "attain"):.0%}} 的交互请求满足 TTFT ≤ {{SLO_TTFT * 1e3:.0f}} ms；
 # - 非抢占式优先级把它提高到 {{med(NPm, "attain"):.0%}}，p50 只有 {{med(NPm, "hi_p50") * 1e3:.0f}} ms，
 #   可 p90 仍有 {{med(NPm, "hi_p90") * 1e3:.0f}} ms——排在队首却拿不到块的那些请求，就是反转留下的尾巴；
 # - 抢占式优先级让达成率到 {{med(PRm, "attain"):.0%}}、p90 降到 {{med(PRm, "hi_p90") * 1e3:.0f}} ms，抢占次数从
@@ -309,17 +328,18 @@ assert 6 * lo_max_blocks > MIX_POOL
 #   {{med(QUm, "lo_tok_s"):.0f}} tok/s：到达完全相同，稳态窗口里却少产出了 {{min(quota_loss):.0%}}–{{max(quota_loss):.0%}}（各种子），
 #   说明批处理类的请求在排队积压——配额把它的服务能力压到了负载以下；E2E 中位数从 {{med(NPm, "lo_e2e"):.2f}} s 变成
 #   {{med(QUm, "lo_e2e"):.2f}} s（积压时这个数随压测时长增长，不是稳态值）；
-# - 1 类最多 6 个同时运行的并发上限只到 {{med(MRm, "attain"):.0%}}：负载里最长的 1 类请求要 {{lo_max_blocks}} 个块，6 个这样的请求可占
-#   {{6 * lo_max_blocks}} 个块，比整个池还大，个数上限保护不了 KV。
+# - 1 类最多 {{MAX_RUN_LO}} 个同时运行的并发上限只到 {{med(MRm, "attain"):.0%}}：负载里最长的 1 类请求要 {{lo_max_blocks}} 个块（上面的单元格打印了它），
+#   {{MAX_RUN_LO}} 个这样的请求可占 {{MAX_RUN_LO * lo_max_blocks}} 个块，比整个池（{{MIX_POOL}} 块）还大，个数上限保护不了 KV。
 #
 # 选哪一种取决于代价落在谁身上：抢占把代价给被抢占者（重算，在 KV 昂贵、提示词很长时更贵）；配额把代价给低优先级类别的吞吐
 # （预留的块在紧急请求少的时候闲着）；对交互类，两者都比非抢占式好。这里的结论只对这个负载、这个池成立：练习 1、2 请你改变它们。
 #
 # ## 22.4 在真实的 tiny 模型上：规则不改变输出
 #
-# 抢占只改变**什么时候**算、不改变算出什么（第 12 章）。用嵌入的 tiny 模型手动驱动引擎：6 个 1 类请求（提示词 40 Token、各生成 40 Token）
-# 先开始，池只有 20 个块（每块 16 Token）；第 8 步时来一个 0 类请求（提示词 64 Token、生成 8 Token）。用步数而不是时间计量，结果与机器快慢无关。
-# 三种规则的输出都要与 64 个块、FCFS（不抢占）的对照运行逐 Token 相同：
+# 抢占只改变**什么时候**算、不改变算出什么（第 12 章）。用嵌入的 tiny 模型手动驱动引擎：{{TINY["n_lo"]}} 个 1 类请求（提示词 {{TINY["prompt_lo"]}} Token、
+# 各生成 {{TINY["out_lo"]}} 个 Token）先开始，池只有 {{TINY["pool"]}} 个块（每块 {{BLOCK}} Token）；第 {{TINY["at_step"]}} 步时来一个 0 类请求
+# （提示词 {{TINY["prompt_hi"]}} Token、生成 {{TINY["out_hi"]}} 个 Token）。用步数而不是时间计量，结果与机器快慢无关。
+# 三种规则的输出都要与 {{TINY["ref_pool"]}} 个块、FCFS（不抢占）的对照运行逐 Token 相同：
 
 # %% tags=["nbval-check-output"]
 torch.set_num_threads(1)
@@ -330,13 +350,14 @@ def tiny_case(policy, pool):
     engine = LLMEngine(EngineConfig.from_kwargs(model="tiny", num_kv_blocks=pool, block_size=16, max_num_seqs=8),
                        clock="virtual")
     engine.scheduler.policy = policy
-    for i in range(6):
-        engine.add_request([10 + (7 * i + j) % 90 for j in range(40)], SamplingParams(max_tokens=40, **greedy),
+    for i in range(TINY["n_lo"]):
+        engine.add_request([10 + (7 * i + j) % 90 for j in range(TINY["prompt_lo"])],
+                           SamplingParams(max_tokens=TINY["out_lo"], **greedy),
                            request_id=f"lo{i}", priority=1)
     outs, reqs, step, first = {}, {}, 0, None
     while engine.has_unfinished_requests():
-        if step == 8:
-            engine.add_request([200 + j for j in range(64)], SamplingParams(max_tokens=8, **greedy),
+        if step == TINY["at_step"]:
+            engine.add_request([200 + j for j in range(TINY["prompt_hi"])], SamplingParams(max_tokens=TINY["out_hi"], **greedy),
                                request_id="hi", priority=0)
             reqs["hi"] = engine.requests["hi"]
         for r in engine.step():
@@ -344,16 +365,16 @@ def tiny_case(policy, pool):
                 outs[r.request_id] = list(r.output_token_ids)
         step += 1
         if first is None and "hi" in reqs and reqs["hi"].num_output_tokens > 0:
-            first = step - 8
+            first = step - TINY["at_step"]
     return outs, first, engine.scheduler.num_preemptions
 
 
-reference, _, _ = tiny_case(ContinuousPolicy(), 64)
+reference, _, _ = tiny_case(ContinuousPolicy(), TINY["ref_pool"])
 tiny = {"non-preemptive": PriorityPolicy(aging_s=None, preemptive=False), "preemptive": PriorityPolicy(aging_s=None),
-        "KV quota (class 1: 14 blocks)": PriorityPolicy(aging_s=None, preemptive=False, kv_quota={1: 14})}
+        f"KV quota (class 1: {TINY['quota']} blocks)": PriorityPolicy(aging_s=None, preemptive=False, kv_quota={1: TINY["quota"]})}
 tiny_first = {}
 for name, pol in tiny.items():
-    outs, first, npre = tiny_case(pol, 20)
+    outs, first, npre = tiny_case(pol, TINY["pool"])
     tiny_first[name] = first
     same = outs == reference
     print(f"{name:<30} hi's first token {first:>2} steps after it arrived; preemptions {npre:>2}; "
@@ -407,7 +428,7 @@ W.interact(explore,
 #   只有运行中的请求长不动时才抢占优先级最低者；SGLang 只在优先级差大于阈值（默认 10）时抢占。
 # - 修复有三条路：抢占（代价是被抢占者的重算）、KV 配额/预留（代价是低优先级类别的并发与吞吐）、按类别的并发上限
 #   （只有当个数上限乘以最长请求的块数不超过预留时才真正保护 KV）。优先级继承在这里无效：持有者本来就在每一步运行。
-# - 在交互 + 批处理的混合负载上，抢占式与 KV 配额都让交互类的 TTFT 达成率超过 90%，抢占几乎不损失批处理吞吐，配额损失明显；
+# - 在交互 + 批处理的混合负载上，抢占式与 KV 配额都让交互类的 TTFT 达成率超过 {{ATT_TARGET:.0%}}，抢占几乎不损失批处理吞吐，配额损失明显；
 #   这些结论依负载与池的大小而变，要在稳态、多个种子上量。
 # - 无论哪种规则，贪心输出不变。
 #
@@ -432,7 +453,8 @@ W.interact(explore,
 # 2. 每个到达率用 `synthetic(n_lo, rate, ...)` 重新生成 1 类请求（0 类不变），`steady_classes(...)["attain"]` 就是达成率；
 #    `capacity({rate: attain})` 返回满足目标的最高到达率。容量要在多个种子上看中位数。
 # 3. `margin=-0.5` 时，级别相同的等待请求 $\ell_w - 0.5 < \ell_r$ 成立，于是被抢占、回到等待队列的请求又会抢占比它晚到的运行中请求，
-#    KV 在同类请求之间来回倒手（抖动，第 12 章）：在种子 1 上抢占次数从几十次涨到上万次，批处理类几乎停滞，交互类也因为每步都在重算而变慢。
+#    KV 在同类请求之间来回倒手（抖动，第 12 章）：预期抢占次数成数量级地增加，批处理类几乎停滞，交互类也因为每步都在重算而变慢——
+#    用 `steady_classes(run_policy(mixed(1), PriorityPolicy(aging_s=None, margin=-0.5), pool=MIX_POOL))["preempt"]` 量出来再下结论。
 # 4. 只有级别差大于 10 才抢占：20 类会被 0 类与 5 类抢占，0 与 5 之间不会。在 minibatch 里写 `PriorityPolicy(aging_s=None, margin=10)`，
 #    并给请求设 `priority=0/5/20`。
 # 5. 1 类请求在 $t=4$ s 时已经等了 4 s，级别是 $1 - 4/2 = -1$，比新到的 0 类请求（级别 0）更紧急：老化让它们排到前面，
