@@ -65,7 +65,7 @@ print(inspect.getsource(KVCacheManager.get_computed_blocks))
 # `max_cache_hit_length = request.num_tokens - 1`，注释说明全部命中时必须重算最后一个 Token 以得到 logits，
 # 而且因为已计算的 Token 数要按块对齐，这会让**整块**重算而不只是一个 Token。
 #
-# 用一个 10 块、每块 4 Token 的池子把这些规则走一遍：请求 A 的提示词 10 个 Token，请求 B 与 A 的前 8 个 Token 相同，请求 C 恰好是 A 的前 8 个 Token：
+# 用一个很小的池子把这些规则走一遍：请求 A；请求 B 与 A 开头相同、后面不同；请求 C 恰好是 A 的开头：
 
 # %%
 def computed(kv, req, n=None):
@@ -83,21 +83,28 @@ def short(h):
     return f"{h & 0xFFFF:04x}"
 
 
-kv = KVCacheManager(10, 4, enable_prefix_caching=True)
+NB, BS, A_LEN, SHARED = 10, 4, 10, 8        # pool blocks, tokens per block; A's prompt; tokens B and C share with A
+kv = KVCacheManager(NB, BS, enable_prefix_caching=True)
 params = SamplingParams(max_tokens=4)
-A = Request("A", list(range(100, 110)), params, 0.0)
-B = Request("B", list(range(100, 108)) + [7, 7, 7], params, 0.0)
-C = Request("C", list(range(100, 108)), params, 0.0)
+A = Request("A", list(range(100, 100 + A_LEN)), params, 0.0)
+B = Request("B", list(range(100, 100 + SHARED)) + [7, 7, 7], params, 0.0)
+C = Request("C", list(range(100, 100 + SHARED)), params, 0.0)
 hits = {r.request_id: computed(kv, r) for r in (A, B, C)}
 for r in (A, B, C):
     table = kv.block_table(r.request_id)
     print(f"{r.request_id}: {r.num_prompt_tokens:>2} tokens, {hits[r.request_id]} from the cache, block table {table}, "
           f"hashes {[short(h) for h in kv.req_hashes[r.request_id]]}, ref_cnt {[kv.pool.blocks[b].ref_cnt for b in table]}")
-assert hits == {"A": 0, "B": 8, "C": 4}, "the prose says B hits 2 blocks and C only 1 of its 2"
+a_table = kv.block_table("A")
+
+# %% tags=["check"]
+assert SHARED % BS == 0 and hits == {"A": 0, "B": SHARED, "C": SHARED - BS}, \
+    "the prose says B hits both shared blocks and C only the first of its two"
 
 # %% [markdown]
-# B 的前两块与 A 的哈希相同，直接复用了 A 的块 0、1；C 又复用了块 0，于是块 0 的引用计数是 {{kv.pool.blocks[0].ref_cnt}}、块 1 是 {{kv.pool.blocks[1].ref_cnt}}。C 的 8 个 Token 恰好是两块，两块都在缓存里，
-# 却只命中了 {{hits["C"] // 4}} 块：最后一块要留给这一步重新计算，C 为它分配了一个新块。
+# 池里 {{NB}} 个块、每块 {{BS}} Token；A 的提示词 {{A_LEN}} 个 Token，B 与 A 的前 {{SHARED}} 个 Token 相同，C 恰好是 A 的前 {{SHARED}} 个 Token。
+# B 的前 {{SHARED // BS}} 块与 A 的哈希相同，直接复用了 A 的块 {{a_table[0]}}、{{a_table[1]}}；C 又复用了块 {{a_table[0]}}，于是块 {{a_table[0]}} 的引用计数是
+# {{kv.pool.blocks[a_table[0]].ref_cnt}}、块 {{a_table[1]}} 是 {{kv.pool.blocks[a_table[1]].ref_cnt}}。C 的 {{SHARED}} 个 Token 恰好是
+# {{SHARED // BS}} 块，都在缓存里，却只命中了 {{hits["C"] // BS}} 块：最后一块要留给这一步重新计算，C 为它分配了一个新块。
 # 画出来看（每个方框是一个块，上面是物理块号与哈希的末 4 位，下面是引用计数；箭头从父块指向子块）：
 
 # %%
@@ -143,7 +150,7 @@ for r in (A, B, C):
 free_before = list(kv.pool.free_queue)
 print("free queue after A, B, C finish (front first):", free_before)
 print("still cached (block -> hash):", {b: short(kv.pool.blocks[b].block_hash) for b in free_before if kv.pool.blocks[b].block_hash})
-D = Request("D", list(range(500, 532)), params, 0.0)                   # 32 unrelated tokens: 8 blocks
+D = Request("D", list(range(500, 500 + (NB - 2) * BS)), params, 0.0)   # unrelated tokens: all but two blocks
 evicted_before = kv.pool.num_evictions
 computed(kv, D)
 a_left = [short(h) for h in a_hashes if h in kv.pool.cached]
@@ -151,26 +158,38 @@ print(f"D takes {kv.block_table('D')}; evictions {kv.pool.num_evictions - evicte
       f"A's prefix blocks still cached: {a_left} of {[short(h) for h in a_hashes]}")
 assert a_hashes[0] in kv.pool.cached and a_hashes[1] not in kv.pool.cached, \
     "the prose says the chain's tail (block 1) goes before its head (block 0)"
-E = Request("E", list(range(100, 105)), params, 0.0)
-print("a new request with A's first 5 tokens hits", kv.get_computed_blocks(E)[1], "tokens")
+E = Request("E", list(range(100, 100 + BS + 1)), params, 0.0)           # A's first block and one token more
+e_hit = kv.get_computed_blocks(E)[1]
+print(f"a new request with A's first {E.num_prompt_tokens} tokens hits", e_hit, "tokens")
 
 # %% [markdown]
-# D 与谁都不相同，它要 {{len(kv.block_table('D'))}} 个块：先拿走从未用过的块，再从队首拿走释放过的块（驱逐了 {{kv.pool.num_evictions - evicted_before}} 个缓存块）。A 的链是 0 → 1，块 1 先被驱逐，块 0 活了下来，
-# 后来以 A 的前 5 个 Token 开头的请求仍能命中它。第 7 章的实验 L04 实现过同样的空闲队列；第 14 章会看到，
+# D 与谁都不相同，它要 {{len(kv.block_table('D'))}} 个块：先拿走从未用过的块，再从队首拿走释放过的块（驱逐了 {{kv.pool.num_evictions - evicted_before}} 个缓存块）。
+# A 的链是 {{a_table[0]}} → {{a_table[1]}}，块 {{a_table[1]}} 先被驱逐，块 {{a_table[0]}} 活了下来，
+# 后来以 A 的前 {{E.num_prompt_tokens}} 个 Token 开头的请求仍能命中它（{{e_hit}} 个 Token）。第 7 章的实验 L04 实现过同样的空闲队列；第 14 章会看到，
 # 同样的缓存内容也可以组织成一棵基数树（Radix Tree）。
 #
 # ## 13.2 RAG：共享系统提示词的命中率、TTFT 与吞吐
 #
-# 一个 RAG 应用的每个请求都以同一段系统提示词（说明、工具、格式要求，长度 $S$）开头，后面接检索到的段落与问题（中位数 512 Token，
-# 各不相同），回答中位数 128 Token。理想情况下命中率约为 $S / (S + 512)$。在模拟的 Llama-3-8B / A100-80G 上，
-# 以 8 req/s 到达（泊松），系统提示词 $S \in \{256, 1024, 2048, 4096\}$，前缀缓存开与关，各 2 个负载种子：
+# 一个 RAG 应用的每个请求都以同一段系统提示词（说明、工具、格式要求，长度 $S$）开头，后面接检索到的段落与问题（各不相同），
+# 再生成回答。实验的设定：
 
 # %%
 SIM = dict(executor="sim", model="llama-3-8b", hardware="a100-80g")
+N_RAG, RAG_RATE, SUFFIX, ANSWER = 240, 8.0, 512, 128     # requests, req/s; median suffix and answer tokens
+SYSTEM = [256, 1024, 2048, 4096]
+RAG_SEEDS = [1, 2]
+
+# %% [markdown]
+# 段落与问题的长度中位数 {{SUFFIX}} Token，回答中位数 {{ANSWER}} Token。理想情况下命中率约为 $S / (S + {{SUFFIX}})$。
+# 在模拟的 Llama-3-8B / A100-80G 上，{{N_RAG}} 个请求以 {{RAG_RATE:g}} req/s 到达（泊松），系统提示词
+# $S$ 取 {{'、'.join(map(str, SYSTEM))}}，前缀缓存开与关，各 {{len(RAG_SEEDS)}} 个负载种子：
+
+# %%
 
 
 def steady(result, lo=0.1, hi=0.9):
-    """Requests that arrived in the middle 80% of arrivals (warm-up and drain dropped); tokens made in that window."""
+    """Requests that arrived between the lo and hi quantiles of arrivals (warm-up and drain dropped); tokens made
+    in that window."""
     t0, t1 = np.quantile([q.arrival_time for q in result.requests], [lo, hi])
     mid = [q for q in result.requests if t0 <= q.arrival_time <= t1 and q.completed]
     made = sum(int(np.count_nonzero((np.asarray(q.token_times) >= t0) & (np.asarray(q.token_times) < t1)))
@@ -181,13 +200,12 @@ def steady(result, lo=0.1, hi=0.9):
                 tok_s=made / (t1 - t0))
 
 
-SYSTEM = [256, 1024, 2048, 4096]
-RAG_SEEDS = [1, 2]
 rag = {}
 for S in SYSTEM:
     for seed in RAG_SEEDS:
-        wl = shared_prefix(240, 8.0, num_prefixes=1, prefix_len=S, suffix_len=lognormal(median=512, sigma=0.5, max=2048),
-                           output_len=lognormal(median=128, sigma=0.6, max=512), seed=seed)
+        wl = shared_prefix(N_RAG, RAG_RATE, num_prefixes=1, prefix_len=S,
+                           suffix_len=lognormal(median=SUFFIX, sigma=0.5, max=2048),
+                           output_len=lognormal(median=ANSWER, sigma=0.6, max=512), seed=seed)
         for on in (False, True):
             rag[S, seed, on] = steady(run(wl, **SIM, enable_prefix_caching=on))
 
@@ -217,31 +235,36 @@ for ax in (ax1, ax2):
     ax.set_xticks(SYSTEM, [str(S) for S in SYSTEM])
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-fig.suptitle("RAG with a shared system prompt, llama-3-8b on A100-80G, 8 req/s (mean of 2 seeds)", fontsize=10)
+fig.suptitle(f"RAG with a shared system prompt, llama-3-8b on A100-80G, {RAG_RATE:g} req/s (mean of {len(RAG_SEEDS)} seeds)",
+             fontsize=10)
 fig.tight_layout()
 plt.show()
 offered = wl.stats()["rate"] * float(np.mean(wl.output_lens))
-assert all(m(S, True, "ttft_p99")[0] < m(S, False, "ttft_p99")[0] for S in SYSTEM), "caching lowers TTFT p99 at every S"
-assert m(4096, False, "tok_s")[0] < 0.5 * m(4096, True, "tok_s")[0], "the prose says without caching S=4096 is overloaded"
 first_short = next(S for S in SYSTEM if m(S, False, "tok_s")[0] < 0.9 * m(S, True, "tok_s")[0])
+S_MAX = SYSTEM[-1]
+
+# %% tags=["check"]
+assert all(m(S, True, "ttft_p99")[0] < m(S, False, "ttft_p99")[0] for S in SYSTEM), "caching lowers TTFT p99 at every S"
+assert m(S_MAX, False, "tok_s")[0] < 0.5 * m(S_MAX, True, "tok_s")[0], "the prose says without caching S=4096 is overloaded"
 
 # %% [markdown]
-# 前缀缓存在每个 $S$ 上都降低了 TTFT。$S$ 越长差别越大：不开缓存时每个请求要预填充 $S + 512$ 个 Token，从 $S = {{first_short}}$ 起
-# 稳态吞吐就明显低于开缓存时（这张卡的预填充算力不够了），队列越排越长——$S = 4096$ 时 TTFT p99 达到 {{m(4096, False, "ttft_p99")[0]:.0f}} s，
-# 稳态吞吐只剩 {{m(4096, False, "tok_s")[0]:.0f}} tok/s；开启缓存后命中率 {{m(4096, True, "hit")[0]:.0%}}，每个请求只算自己的几百个 Token，
-# TTFT p99 为 {{m(4096, True, "ttft_p99")[0]:.2f}} s，吞吐 {{m(4096, True, "tok_s")[0]:.0f}} tok/s，接近到达的负载（约 {{offered:.0f}} tok/s）。
+# 前缀缓存在每个 $S$ 上都降低了 TTFT。$S$ 越长差别越大：不开缓存时每个请求要预填充 $S + {{SUFFIX}}$ 个 Token（中位数），从 $S = {{first_short}}$ 起
+# 稳态吞吐就明显低于开缓存时（这张卡的预填充算力不够了），队列越排越长——$S = {{S_MAX}}$ 时 TTFT p99 达到 {{m(S_MAX, False, "ttft_p99")[0]:.0f}} s，
+# 稳态吞吐只剩 {{m(S_MAX, False, "tok_s")[0]:.0f}} tok/s；开启缓存后命中率 {{m(S_MAX, True, "hit")[0]:.0%}}，每个请求只算自己的几百个 Token，
+# TTFT p99 为 {{m(S_MAX, True, "ttft_p99")[0]:.2f}} s，吞吐 {{m(S_MAX, True, "tok_s")[0]:.0f}} tok/s，接近到达的负载（约 {{offered:.0f}} tok/s）。
 # 换句话说，在同一个到达率下，缓存把一张过载的卡变回了不过载：它提高的是**服务容量**（第 8 章的 Capacity）。
 #
 # ## 13.3 池的大小与命中率：LRU 驱逐
 #
 # 缓存活在 KV 池的空闲部分里：运行中的请求占得越多、池越小，缓存的块越早被驱逐。用课程的 `shared_prefix` 负载
-# （8 段 256–1024 Token 的系统提示词按 Zipf 分布复用，4 req/s）在模拟的 Llama-2-7B / A10 上扫一遍池的大小：
+# （几段系统提示词按 Zipf 分布复用）在模拟的 Llama-2-7B / A10 上扫一遍池的大小：
 
 # %%
-sp = load_workload("shared_prefix", n=300)
+N_SP, BS16 = 300, EngineConfig().block_size
+sp = load_workload("shared_prefix", n=N_SP)
 prefix_tokens = {r.prefix_id: r.prefix_len for r in sp}
 ideal_sp = sum(r.prefix_len for r in sp) / sum(r.prompt_len for r in sp)
-largest = int(max(-(-(r.prompt_len + r.max_tokens) // 16) for r in sp))
+largest = int(max(-(-(r.prompt_len + r.max_tokens) // BS16) for r in sp))
 POOLS = [300, 600, 1200, 2400]
 pool_runs = {}
 for pool in POOLS:
@@ -250,11 +273,11 @@ for pool in POOLS:
                                              enable_prefix_caching=True, num_kv_blocks=pool), clock="virtual")
     res = run(sp, engine=eng)
     pool_runs[pool] = dict(steady(res), evictions=eng.kv.pool.num_evictions, preemptions=res.summary()["num_preemptions"])
-a10_pool = make_cost_model("llama-2-7b", "a10").kv_capacity_tokens() // 16
+a10_pool = make_cost_model("llama-2-7b", "a10").kv_capacity_tokens() // BS16
 fig, ax = plt.subplots(figsize=(7, 3))
 ax.plot(POOLS, [pool_runs[p]["hit"] * 100 for p in POOLS], "o-", label="hit rate (steady state)")
 ax.axhline(ideal_sp * 100, color="k", ls=":", lw=1, label=f"all shared prefixes hit ({ideal_sp:.0%})")
-ax.set(xscale="log", xlabel="KV pool (blocks of 16 tokens)", ylabel="% of prompt tokens", ylim=(0, 100),
+ax.set(xscale="log", xlabel=f"KV pool (blocks of {BS16} tokens)", ylabel="% of prompt tokens", ylim=(0, 100),
        title=f"shared_prefix on llama-2-7b / A10 (the full pool would be {a10_pool} blocks)")
 ax.set_xticks(POOLS, [str(p) for p in POOLS])
 ax2 = ax.twinx()
@@ -271,7 +294,9 @@ hits_by_pool = [pool_runs[p]["hit"] for p in POOLS]
 assert all(a < b for a, b in zip(hits_by_pool, hits_by_pool[1:])), "the prose says the hit rate rises with the pool"
 
 # %% [markdown]
-# 8 段系统提示词一共只有 {{sum(prefix_tokens.values()):,}} 个 Token（{{-(-sum(prefix_tokens.values()) // 16)}} 块），
+# 这 {{N_SP}} 个请求以约 {{sp.stats()['rate']:.0f}} req/s 到达，复用 {{len(prefix_tokens)}} 段
+# {{min(prefix_tokens.values())}}–{{max(prefix_tokens.values())}} Token 的系统提示词。
+# {{len(prefix_tokens)}} 段系统提示词一共只有 {{sum(prefix_tokens.values()):,}} 个 Token（{{-(-sum(prefix_tokens.values()) // BS16)}} 块），
 # 可 {{POOLS[0]}} 块的池里它们仍然留不住：运行中的请求占满了池，空闲队列很短，一个系统提示词的块刚被释放就被交给下一个请求，
 # 命中率只有 {{pool_runs[POOLS[0]]["hit"]:.0%}}；池越大，空闲块在队列里停留得越久，命中率升到 {{pool_runs[POOLS[-1]]["hit"]:.0%}}，
 # 接近“所有共享前缀都命中”的上限 {{ideal_sp:.0%}}。小池的 TTFT 同时被两件事拖垮：命中少、要算的多，池小、批也小——
@@ -288,6 +313,7 @@ assert all(a < b for a, b in zip(hits_by_pool, hits_by_pool[1:])), "the prose sa
 moon = load_shipped_trace("mooncake", materialize=False)
 ms = moon.stats()
 T0, T1 = 900, 1023             # the window replayed in this chapter (trace seconds)
+max_len, MOON_BS = 32768, 64   # the replay's max_model_len (as Qwen2.5-7B-Instruct's config) and block size
 
 
 def ideal_hit(workload, max_prompt=None):
@@ -311,12 +337,13 @@ print(f"hit rate of an infinite cache over the whole trace: {ideal_hit(moon):.1%
 # %% [markdown]
 # 提示词平均 {{ms["input_mean"]:,.0f}} Token，最长 {{ms["input_max"]:,.0f}}——**先检查放不放得下**。minibatch 在 `add_request` 时拒绝两类请求：
 # 提示词不短于模型的 `max_model_len`（至少要能再生成一个 Token），以及即使独占整个 KV 池也放不下的请求；被拒绝的请求记为
-# `rejected` 并带上原因，不会悄悄消失。选一个上下文够长的模型：Qwen2.5-7B（GQA 4 个 KV 头；基座模型的 `config.json`
-# 写 131072 个位置，这里像 Qwen2.5-7B-Instruct 的配置那样设 `max_model_len=32768`）放在一张模拟的 H100 上。整份轨迹的时长与请求量超出本章的时间预算，下面只重放第 {{T0}} 秒之后的最后一段（时间从 0 重新计起；轨迹到这时复用已经很多），块大小取 64 以减少模拟时的哈希次数：
+# `rejected` 并带上原因，不会悄悄消失。选一个上下文够长的模型：Qwen2.5-7B（GQA {{make_cost_model('qwen2.5-7b', 'h100').model.num_kv_heads}} 个 KV 头；
+# 基座模型的 `config.json` 写 131072 个位置，这里像 Qwen2.5-7B-Instruct 的配置那样设 `max_model_len={{max_len}}`）放在一张模拟的 H100 上。
+# 整份轨迹的时长与请求量超出本章的时间预算，下面只重放第 {{T0}} 秒之后的最后一段（时间从 0 重新计起；轨迹到这时复用已经很多），
+# 块大小取 {{MOON_BS}} 以减少模拟时的哈希次数：
 
 # %%
-max_len = 32768
-MOON = dict(executor="sim", model="qwen2.5-7b", hardware="h100", block_size=64, max_model_len=max_len)
+MOON = dict(executor="sim", model="qwen2.5-7b", hardware="h100", block_size=MOON_BS, max_model_len=max_len)
 qcm = make_cost_model("qwen2.5-7b", "h100")
 window = moon.time_window(T0, T1)
 too_long = int((window.prompt_lens >= max_len).sum())
@@ -336,6 +363,8 @@ for q in moon_runs[True].requests:
 spec = {r.request_id: r for r in window}
 truncated = sum(1 for q in moon_runs[True].requests if q.completed and q.output_len < spec[q.request_id].max_tokens)
 print("rejected, by reason:", dict(reasons), "| cut short at max_model_len:", truncated)
+
+# %% tags=["check"]
 assert sum(reasons.values()) == too_long, "every rejection here is a prompt that is too long"
 assert [q.finish_reason for q in moon_runs[True].requests] == [q.finish_reason for q in moon_runs[False].requests]
 
@@ -357,25 +386,33 @@ ax.set(yscale="log", xlabel=f"arrival time in the window (s; trace time - {T0})"
 ax.legend(fontsize=7, markerscale=3)
 ax.grid(alpha=0.3)
 plt.show()
+
+# %% tags=["check"]
 assert ms_on["ttft_p50"] < ms_off["ttft_p50"] / 5 and ms_on["hit"] <= ideal_win
 
 # %% [markdown]
-# 窗口里 {{len(window)}} 个请求中有 {{too_long}} 个的提示词不短于 32768 Token，被拒绝（原因全部是提示词过长；KV 池有
+# 窗口里 {{len(window)}} 个请求中有 {{too_long}} 个的提示词不短于 {{max_len}} Token，被拒绝（原因全部是提示词过长；KV 池有
 # {{kv_tokens:,}} 个 Token，单个请求不会超出）；另有 {{truncated}} 个请求生成到 `max_model_len` 就停止了。其余请求上：
 # 不开缓存时预填充排起了队，TTFT p50 为 {{ms_off["ttft_p50"]:.1f}} s；开启后命中率 {{ms_on["hit"]:.1%}}，
-# TTFT p50 降到 {{ms_on["ttft_p50"]:.2f}} s。只看窗口内历史的“无限缓存”命中率是 {{ideal_win:.1%}}，引擎比它低，可能的原因有三：
+# TTFT p50 降到 {{ms_on["ttft_p50"]:.2f}} s（是不开缓存时的 {{ms_on["ttft_p50"] / ms_off["ttft_p50"]:.1%}}）。只看窗口内历史的“无限缓存”命中率是 {{ideal_win:.1%}}，引擎比它低，可能的原因有三：
 # 池是有限的（本次运行驱逐了 {{moon_evictions:,}} 个缓存块）；只有写满的块才能命中，且最后一块总要重算；前缀还没算完时到达的请求命中不了它。
 # 整份轨迹上无限缓存的命中率是 {{ideal_hit(moon):.1%}}：Mooncake 的复用跨度很长，它的设计正是把 KV 缓存放进由集群的 CPU 内存与 SSD
 # 组成的分布式 KV 池（Qin et al., FAST'25）。
 #
 # ## 13.5 在真实的 tiny 模型上：缓存不改变输出
 #
-# 前缀缓存复用的是同样的 Token 在同样位置上的 K/V，贪心解码的结果不应有任何变化。用嵌入的 tiny 模型跑一个小的共享前缀负载
-# （8 个请求同时到达，按 tiny 的词表重新生成 Token、长度缩到 256 以内），开关前缀缓存各跑一次：
+# 前缀缓存复用的是同样的 Token 在同样位置上的 K/V，贪心解码的结果不应有任何变化。用嵌入的 tiny 模型跑一个小的共享前缀负载：
+
+# %%
+TINY_N, TINY_LEN, TINY_VOCAB = 8, 256, 4096     # requests; longest request; tokens drawn below the tiny vocabulary
+
+# %% [markdown]
+# {{TINY_N}} 个请求同时到达，按 tiny 的词表（取前 {{TINY_VOCAB}} 个 Token）重新生成 Token、长度缩到 {{TINY_LEN}} 以内，
+# 开关前缀缓存各跑一次：
 
 # %% tags=["nbval-check-output"]
 torch.set_num_threads(1)
-tiny_wl = load_workload("shared_prefix", n=8, max_len=256, vocab_size=4096, rate=float("inf"))
+tiny_wl = load_workload("shared_prefix", n=TINY_N, max_len=TINY_LEN, vocab_size=TINY_VOCAB, rate=float("inf"))
 tiny_runs = {on: run(tiny_wl, model="tiny", enable_prefix_caching=on, max_num_seqs=4, num_kv_blocks=256)
              for on in (False, True)}
 same = [q.output_token_ids for q in tiny_runs[True].requests] == [q.output_token_ids for q in tiny_runs[False].requests]
@@ -387,13 +424,15 @@ assert same and tiny_runs[True].summary()["prefix_cache_hit_rate"] > 0
 # %% [markdown]
 # ## 13.6 动手：池大小与系统提示词的数量
 #
-# 下面的控件在模拟的 Llama-2-7B / A10 上运行一个共享前缀负载（300 个请求、4 req/s，系统提示词 512 Token，按 Zipf 复用）。
-# 拖动 `prompts`（不同的系统提示词有几段）与 `pool`（KV 块数），看命中率、驱逐次数与 TTFT 怎样变化：提示词种类越多、池越小，
-# 缓存越留不住。
+# 下面的函数在模拟的 Llama-2-7B / A10 上运行一个共享前缀负载，系统提示词按 Zipf 复用：
 
 # %% tags=["nbval-ignore-output"]
+EX_N, EX_RATE, EX_PREFIX = 300, 4.0, 512        # requests, req/s, system prompt tokens
+
+
 def explore(prompts=8, pool=1200):
-    wl = shared_prefix(300, 4.0, num_prefixes=prompts, prefix_len=512, suffix_len=lognormal(median=128, sigma=0.8, max=1024),
+    wl = shared_prefix(EX_N, EX_RATE, num_prefixes=prompts, prefix_len=EX_PREFIX,
+                       suffix_len=lognormal(median=128, sigma=0.8, max=1024),
                        output_len=lognormal(median=128, sigma=0.8, max=1024), popularity=1.0, seed=5)
     eng = LLMEngine(EngineConfig.from_kwargs(executor="sim", model="llama-2-7b", hardware="a10",
                                              enable_prefix_caching=True, num_kv_blocks=pool), clock="virtual")
@@ -402,9 +441,23 @@ def explore(prompts=8, pool=1200):
           f"{sum(r.prefix_len for r in wl) / sum(r.prompt_len for r in wl):.1%}), {eng.kv.pool.num_evictions:,} evictions, "
           f"TTFT p50/p99 {s['ttft_p50']:.2f}/{s['ttft_p99']:.2f} s, {s['tok_s']:.0f} tok/s")
 
+# %% [markdown]
+# 每次 {{EX_N}} 个请求、{{EX_RATE:g}} req/s，系统提示词 {{EX_PREFIX}} Token。拖动 `prompts`（不同的系统提示词有几段）与
+# `pool`（KV 块数），看命中率、驱逐次数与 TTFT 怎样变化：提示词种类越多、池越小，缓存越留不住。
 
+# %% tags=["nbval-ignore-output"]
 W.interact(explore, prompts=W.IntSlider(value=8, min=1, max=64, continuous_update=False, description="prompts"),
            pool=W.IntSlider(value=1200, min=300, max=4800, step=100, continuous_update=False, description="pool (blocks)"));
+
+# %% tags=["check"]
+# The exercises' settings, and what hint 3 claims.
+EX_S, EX_S2, EX_BLOCKS, EX_SEQS = 1024, 1000, [16, 64, 256], 16
+assert all(EX_S % b == 0 for b in EX_BLOCKS) and EX_S2 % EX_BLOCKS[-1], "hint 1: S divides, S2 does not"
+EX3_LEN, EX3_BS = 32, 16
+kv3 = KVCacheManager(4, EX3_BS, enable_prefix_caching=True)
+computed(kv3, Request("first", list(range(EX3_LEN)), params, 0.0))
+ex3_hit = kv3.get_computed_blocks(Request("again", list(range(EX3_LEN)), params, 0.0))[1]
+assert ex3_hit == (EX3_LEN - 1) // EX3_BS * EX3_BS, "hint 3: the last block is recomputed"
 
 # %% [markdown]
 # ## 本章小结
@@ -415,28 +468,30 @@ W.interact(explore, prompts=W.IntSlider(value=8, min=1, max=64, continuous_updat
 # - 引用计数为 0 的块仍留在缓存里，直到空闲队列把它交出；空闲队列就是 LRU 驱逐顺序，请求从尾块开始释放，链尾先于链头被驱逐。
 # - 在 RAG 负载上，命中率越高，TTFT 越低、容量越大；没有缓存时长系统提示词会让同一张卡过载。
 # - 池越小，缓存越早被驱逐，命中率越低；运行中的请求与缓存争用同一个池。
-# - 真实轨迹要先检查能否放下：Mooncake 的长提示词中有一部分超出 32k 上下文，被拒绝并记下原因；其余请求上前缀缓存把 TTFT 降了一个数量级以上。
+# - 真实轨迹要先检查能否放下：Mooncake 的长提示词中有一部分超出 {{max_len // 1024}}k 上下文，被拒绝并记下原因；
+#   其余请求上前缀缓存把 TTFT p50 降到不开缓存时的 {{ms_on["ttft_p50"] / ms_off["ttft_p50"]:.1%}}。
 #
 # 下一章（第 14 章）把同样的缓存组织成基数树，并让调度器利用它：SGLang 的 RadixAttention 与缓存感知调度。
 #
 # ## 练习
 #
-# 1. **块大小与命中粒度。** 在 13.2 节 $S = 1024$ 的负载上把 `block_size` 设为 16、64、256，命中率怎样变化？为什么块越大，
-#    命中的越少？（提示：只有整块相同才命中，而系统提示词的长度不是 256 的倍数时最后一块不完整。）
-# 2. **把两个效应分开。** 13.3 节小池的 TTFT 差既因为命中少，也因为批小。固定 `max_num_seqs=16`，重做池大小扫描，
+# 1. **块大小与命中粒度。** 在 13.2 节 $S = {{EX_S}}$ 的负载上把 `block_size` 设为 {{'、'.join(map(str, EX_BLOCKS))}}，命中率怎样变化？为什么块越大，
+#    命中的越少？（提示：只有整块相同才命中，而系统提示词的长度不是 {{EX_BLOCKS[-1]}} 的倍数时最后一块不完整。）
+# 2. **把两个效应分开。** 13.3 节小池的 TTFT 差既因为命中少，也因为批小。固定 `max_num_seqs={{EX_SEQS}}`，重做池大小扫描，
 #    再与关闭前缀缓存的同样扫描比较，哪个效应更大？
-# 3. **最后一个 Token。** 构造一个提示词恰好为 32 个 Token（块大小 16）、且两块都已缓存的请求，调用 `kv.get_computed_blocks`，
-#    命中几个 Token？如果允许命中 31 个 Token（只重算 1 个），要改引擎的哪些地方？
-# 4. **Mooncake 全量。** 用 `moon.time_window(0, 1023)` 重放整份轨迹（在这台机器上要几分钟），命中率与窗口内的有何不同？
+# 3. **最后一个 Token。** 构造一个提示词恰好为 {{EX3_LEN}} 个 Token（块大小 {{EX3_BS}}）、且 {{EX3_LEN // EX3_BS}} 块都已缓存的请求，调用 `kv.get_computed_blocks`，
+#    命中几个 Token？如果允许命中 {{EX3_LEN - 1}} 个 Token（只重算 1 个），要改引擎的哪些地方？
+# 4. **Mooncake 全量。** 用 `moon.time_window(0, {{T1}})` 重放整份轨迹（在这台机器上要几分钟），命中率与窗口内的有何不同？
 #    与“无限缓存”的 {{ideal_hit(moon):.1%}} 相比差在哪里？
 #
 # <details><summary>提示与参考答案</summary>
 #
-# 1. 命中的 Token 数是 $\lfloor S / B \rfloor \cdot B$（在前缀内），$B$ 越大，被截掉的尾巴越长；$S = 1024$ 恰好是 16、64、256 的倍数，
-#    所以差别主要来自提示词末尾：每个请求最后那个不满的块不会被缓存。换一个 $S = 1000$ 再试，块越大损失越明显。
-# 2. `run(wl, engine=eng)` 之前把 `EngineConfig.from_kwargs(..., max_num_seqs=16)` 传给引擎；关闭缓存的扫描里命中率为 0，
+# 1. 命中的 Token 数是 $\lfloor S / B \rfloor \cdot B$（在前缀内），$B$ 越大，被截掉的尾巴越长；$S = {{EX_S}}$ 恰好是
+#    {{'、'.join(map(str, EX_BLOCKS))}} 的倍数，所以差别主要来自提示词末尾：每个请求最后那个不满的块不会被缓存。换一个 $S = {{EX_S2}}$ 再试，
+#    块越大损失越明显（{{EX_BLOCKS[-1]}} Token 的块会截掉 {{EX_S2 % EX_BLOCKS[-1]}} 个 Token）。
+# 2. `run(wl, engine=eng)` 之前把 `EngineConfig.from_kwargs(..., max_num_seqs={{EX_SEQS}})` 传给引擎；关闭缓存的扫描里命中率为 0，
 #    TTFT 随池变化的部分只来自批大小，两者之差就是缓存的贡献。
-# 3. 命中 16 个 Token：`max_blocks = (32 - 1) // 16 = 1`。要命中 31 个，需要允许 `num_computed_tokens` 不按块对齐，
+# 3. 命中 {{ex3_hit}} 个 Token：`max_blocks = ({{EX3_LEN}} - 1) // {{EX3_BS}} = {{(EX3_LEN - 1) // EX3_BS}}`。要命中 {{EX3_LEN - 1}} 个，需要允许 `num_computed_tokens` 不按块对齐，
 #    并让第二块在被“部分重算”时不破坏共享——写时复制（第 7 章）或者只重算最后一个 Token 的 Q、不写 K/V。vLLM 的注释把这列为将来的优化。
 # 4. 窗口之外的历史让更多前缀命中；与无限缓存的差距来自池的容量（LRU 驱逐）与以块为单位的命中。
 #
