@@ -34,6 +34,7 @@ from minibatch.runner import run
 from minibatch.viz import md_table, radix_tree
 from minibatch.workload import lognormal, shared_prefix, synthetic
 
+LPM_DEFAULTS = {k: q.default for k, q in inspect.signature(LPMPolicy).parameters.items()}   # minibatch's lpm
 print("minibatch", minibatch.__version__)
 
 # %% [markdown]
@@ -74,13 +75,14 @@ print(inspect.getsource(RadixTree.add))
 print(inspect.getsource(RadixTree._split))
 
 # %% [markdown]
-# 在模拟器里跑几组请求，再把引擎里的树画出来（块大小 16）：系统提示词 A（48 Token，3 块）后面接三个不同的问题，
-# 系统提示词 B（32 Token，2 块）开始一段两轮对话——第二轮的提示词是第一轮的提示词、第一轮的回答，再加一个新问题：
+# 在模拟器里跑几组请求，再把引擎里的树画出来：系统提示词 A 后面接三个不同的问题，
+# 系统提示词 B 开始一段两轮对话——第二轮的提示词是第一轮的提示词、第一轮的回答，再加一个新问题：
 
 # %%
-eng = LLMEngine(EngineConfig.from_kwargs(executor="sim", model="llama-2-7b", hardware="a100-80g", block_size=16,
+BS = 16                              # tokens per KV block
+eng = LLMEngine(EngineConfig.from_kwargs(executor="sim", model="llama-2-7b", hardware="a100-80g", block_size=BS,
                                          enable_prefix_caching=True), clock="virtual")
-sys_a, sys_b = list(range(1000, 1048)), list(range(2000, 2032))
+sys_a, sys_b = list(range(1000, 1000 + 3 * BS)), list(range(2000, 2000 + 2 * BS))   # whole blocks
 
 
 def serve(prompts, max_tokens=4):
@@ -100,8 +102,11 @@ eng.kv.check_invariants()
 hits = {r.request_id: r.num_cached_tokens for r in (q1, q2, q3, turn1, turn2)}
 print("prompt tokens served from the cache:", hits)
 print(f"{len(eng.kv.radix)} blocks in the tree, {len(eng.kv.pool.cached)} in the hash index")
-assert hits == {"r0": 0, "r1": 48, "r2": 48, "r3": 0, "r4": 48}, "the prose below quotes these hits"
 turn1_computed = turn1.num_tokens - 1        # the last sampled token is never fed back
+
+# %% tags=["check"]
+assert hits == {"r0": 0, "r1": len(sys_a), "r2": len(sys_a), "r3": 0, "r4": turn1_computed // BS * BS}, \
+    "the prose below quotes these hits"
 
 # %%
 probe = sys_a + list(range(3100, 3120)) + [9, 9, 9, 9]
@@ -110,12 +115,13 @@ fig = radix_tree(eng.kv.radix, figsize=(8, 3.2), highlight=lambda node: any(b in
                  title="minibatch's radix tree (KV block ids per edge); green: the path that a new request "
                        "'system prompt A + question 2 + ...' matches")
 display(fig)
-print(f"new request of {len(probe)} tokens: {len(matched)} cached blocks = {len(matched) * 16} tokens, blocks {matched}")
+print(f"new request of {len(probe)} tokens: {len(matched)} cached blocks = {len(matched) * BS} tokens, blocks {matched}")
 
 # %% [markdown]
-# 第一个问题之后，系统提示词 A 的 3 个块成了一条边；后两个问题各命中 {{hits["r1"]}} 个 Token，树在 A 的末尾分叉。
+# 块大小 {{BS}}；系统提示词 A 有 {{len(sys_a)}} 个 Token（{{len(sys_a) // BS}} 块），B 有 {{len(sys_b)}} 个（{{len(sys_b) // BS}} 块）。
+# 第一个问题之后，系统提示词 A 的 {{len(sys_a) // BS}} 个块成了一条边；后两个问题各命中 {{hits["r1"]}} 个 Token，树在 A 的末尾分叉。
 # 两轮对话的第二轮命中了第一轮的 {{hits["r4"]}} 个 Token：第一轮共有 {{turn1.num_tokens}} 个 Token，但它最后生成的那个 Token 从没被
-# 送回模型计算过，KV 里只有 {{turn1_computed}} 个，所以只有 {{turn1_computed // 16}} 个写满的块进了缓存。第二轮自己的块接在后面，
+# 送回模型计算过，KV 里只有 {{turn1_computed}} 个，所以只有 {{turn1_computed // BS}} 个写满的块进了缓存。第二轮自己的块接在后面，
 # 树上那条边直接**延长**——没有分叉时不新建节点，这就是路径压缩。绿色是一个新请求从根往下走能匹配到的路径：{{len(matched)}} 个块。
 #
 # ## 14.3 SGLang 的缓存感知调度：LPM 与 DFS-weight
@@ -135,7 +141,7 @@ print(f"new request of {len(probe)} tokens: {len(matched)} cached blocks = {len(
 #   只有 LPM 会退回，DFS-weight 不会。关闭基数树（`--disable-radix-cache`）时两种缓存感知策略都变成 FCFS（`_validate_and_adjust_policy`）。
 # - **默认值**：`python/sglang/srt/server_args.py` 里 `schedule_policy` 在 v0.3.6 与 v0.4.3 默认是 `"lpm"`，在 v0.4.6 与 v0.5.3 默认是 `"fcfs"`。
 #
-# minibatch 的 `lpm` 策略实现的是 LPM 加上老化，也在等待队列超过 `max_queue`（默认 128）时退回 FCFS：
+# minibatch 的 `lpm` 策略实现的是 LPM 加上老化，也在等待队列超过 `max_queue`（默认 {{LPM_DEFAULTS['max_queue']}}）时退回 FCFS：
 
 # %%
 print(inspect.getsource(LPMPolicy))
@@ -147,33 +153,34 @@ print(inspect.getsource(LPMPolicy))
 # \text{score}(r) = \text{cached\_prefix\_tokens}(r) + a \cdot (t_\text{now} - t_\text{arrival}(r)),
 # $$
 #
-# 分高的先走，运行中的请求始终排在最前。$a$ 是 `aging_tokens_per_s`（默认 100）：等待每多一秒，相当于多命中 $a$ 个 Token。
+# 分高的先走，运行中的请求始终排在最前。$a$ 是 `aging_tokens_per_s`（默认 {{LPM_DEFAULTS['aging_tokens_per_s']:g}}）：等待每多一秒，相当于多命中 $a$ 个 Token。
 # 于是同时到达的两个请求，一个命中 $p$ 个 Token、一个完全冷，冷的那个最多再等 $p / a$ 秒就会排到前面；$a = 0$ 就是纯 LPM，
 # $a \to \infty$ 退化为 FCFS。饥饿因此有了上界：**一个冷请求最多被同时到达的热请求超越 $p_\max / a$ 秒**（$p_\max$ 是可能的最长命中）。
 #
 # ## 14.4 饥饿：缓存冷请求的 TTFT
 #
-# 构造一个负载：85% 的请求是“热”的——以 8 段 1024 Token 的系统提示词之一开头（Zipf 分布），后面是各自的问题；15% 是“冷”的——
-# 约 1100 Token、与谁都不共享的提示词（比如一次性上传的文档）。到达是突发的（Gamma 分布，`burstiness=0.25`，名义上间隔的变异系数为 2、
-# 速率 2.2 req/s；实际抽到的样本见下面的输出）；模拟的 Llama-2-7B 跑在 A10 上，KV 池用满这张卡，`max_num_seqs=8`。突发时队列会变长，排序才有意义。
-# 比较 FCFS（`continuous`）、纯 LPM（$a = 0$）与几个老化参数，每个配置 2 个负载种子：
+# 构造一个负载：大部分请求是“热”的——以几段系统提示词之一开头（Zipf 分布），后面是各自的问题；其余是“冷”的——
+# 与谁都不共享的长提示词（比如一次性上传的文档）。到达是突发的（Gamma 分布）：
 
 # %%
-SIM = dict(executor="sim", model="llama-2-7b", hardware="a10", enable_prefix_caching=True, max_num_seqs=8)
+MAX_SEQS, N_MIX, RATE_MIX, BURST, COLD_SHARE = 8, 320, 2.2, 0.25, 0.15
+N_PREFIX, PREFIX_LEN, COLD_LEN = 8, 1024, 1100        # hot system prompts and their tokens; a cold prompt's median
+STEADY = (0.1, 0.9)                                    # arrival quantiles of the steady-state window
+SIM = dict(executor="sim", model="llama-2-7b", hardware="a10", enable_prefix_caching=True, max_num_seqs=MAX_SEQS)
 
 
-def mixed(seed, n=320, rate=2.2, burstiness=0.25, cold_share=0.15):
+def mixed(seed, n=N_MIX, rate=RATE_MIX, burstiness=BURST, cold_share=COLD_SHARE):
     n_cold = int(n * cold_share)
-    hot = shared_prefix(n - n_cold, rate * (1 - cold_share), num_prefixes=8, prefix_len=1024,
+    hot = shared_prefix(n - n_cold, rate * (1 - cold_share), num_prefixes=N_PREFIX, prefix_len=PREFIX_LEN,
                         suffix_len=lognormal(median=96, sigma=0.5, max=512), output_len=lognormal(median=64, sigma=0.6, max=256),
                         popularity=1.0, burstiness=burstiness, seed=seed, name="hot")
-    cold = synthetic(n_cold, rate * cold_share, burstiness=burstiness, input_len=lognormal(median=1100, sigma=0.2, max=2048),
+    cold = synthetic(n_cold, rate * cold_share, burstiness=burstiness, input_len=lognormal(median=COLD_LEN, sigma=0.2, max=2048),
                      output_len=lognormal(median=64, sigma=0.6, max=256), seed=seed + 100, name="cold")
     return hot.merge(cold)
 
 
-def measure(result, lo=0.1, hi=0.9):
-    """Steady state (middle 80% of arrivals): TTFT per class, hit rate, output tok/s in the window."""
+def measure(result, lo=STEADY[0], hi=STEADY[1]):
+    """Steady state (arrivals between the lo and hi quantiles): TTFT per class, hit rate, output tok/s in the window."""
     t0, t1 = np.quantile([q.arrival_time for q in result.requests], [lo, hi])
     mid = [q for q in result.requests if t0 <= q.arrival_time <= t1 and q.completed]
     cold = [q.ttft for q in mid if q.request_id.startswith("cold")]
@@ -194,6 +201,15 @@ def run_policy(workload, policy):
 
 SEEDS = [1, 2]
 AGING = [0.0, 30.0, 100.0, 300.0, 1000.0]
+
+# %% [markdown]
+# {{1 - COLD_SHARE:.0%}} 的请求是热的，以 {{N_PREFIX}} 段 {{PREFIX_LEN}} Token 的系统提示词之一开头；{{COLD_SHARE:.0%}} 是冷的，
+# 提示词约 {{COLD_LEN}} Token。到达的 Gamma 分布取 `burstiness={{BURST}}`（名义上间隔的变异系数为 {{1 / BURST ** 0.5:g}}）、
+# 速率 {{RATE_MIX:g}} req/s，一共 {{N_MIX}} 个请求（实际抽到的样本见下面的输出）；模拟的 Llama-2-7B 跑在 A10 上，KV 池用满这张卡，
+# `max_num_seqs={{MAX_SEQS}}`。突发时队列会变长，排序才有意义。比较 FCFS（`continuous`）、纯 LPM（$a = 0$）与几个老化参数，
+# 每个配置 {{len(SEEDS)}} 个负载种子，只统计到达时刻在 {{STEADY[0]:.0%}}–{{STEADY[1]:.0%}} 分位之间的请求：
+
+# %%
 workloads = {seed: mixed(seed) for seed in SEEDS}
 a10_blocks = LLMEngine(EngineConfig.from_kwargs(**SIM), clock="virtual").kv.num_blocks
 runs = {}
@@ -217,7 +233,10 @@ md_table(["policy", "cold TTFT p50 (s)", "cold TTFT p99 (s)", "hot TTFT p50 (s)"
            f"{avg(c, 'hit'):.1%}", f"{avg(c, 'tok_s'):.0f}"]
           for name, c in [("fcfs", "fcfs"), ("lpm, a = 0 (pure LPM)", 0.0), ("lpm, a = 100 (default)", 100.0),
                           ("lpm, a = 300", 300.0)]])
-assert max(res[c, s]["max_waiting"] for c in ["fcfs"] + AGING for s in SEEDS) <= 128, "no run falls back to FCFS"
+
+# %% tags=["check"]
+assert max(res[c, s]["max_waiting"] for c in ["fcfs"] + AGING for s in SEEDS) <= LPM_DEFAULTS["max_queue"], \
+    "no run falls back to FCFS"
 assert avg(0.0, "cold_p99") > 2 * avg("fcfs", "cold_p99"), "the prose says pure LPM starves cold requests"
 assert avg(0.0, "hit") > avg("fcfs", "hit") and avg(0.0, "hot_p50") < avg("fcfs", "hot_p50")
 
@@ -227,7 +246,7 @@ assert avg(0.0, "hit") > avg("fcfs", "hit") and avg(0.0, "hot_p50") < avg("fcfs"
 # 代价落在冷请求身上：它们的 TTFT p99 从 FCFS 的 {{avg("fcfs", "cold_p99"):.1f}} s 涨到 {{avg(0.0, "cold_p99"):.1f}} s，
 # 是原来的 {{avg(0.0, "cold_p99") / avg("fcfs", "cold_p99"):.1f}} 倍——突发期间每来一个热请求都插到它前面。
 # 热请求的 p99 也变差了（{{avg(0.0, "hot_p99"):.1f}} s 对 {{avg("fcfs", "hot_p99"):.1f}} s），一个可能的原因是：系统提示词被驱逐了的热请求，
-# 在 LPM 眼里也是冷的。这些 TTFT 是每个请求的值的分位数，不是均值；队列最长时也没有超过 128，所以没有触发退回 FCFS。
+# 在 LPM 眼里也是冷的。这些 TTFT 是每个请求的值的分位数，不是均值；队列最长时也没有超过 {{LPM_DEFAULTS['max_queue']}}，所以没有触发退回 FCFS。
 # 下面把两种策略下冷请求 TTFT 的分布画出来（两个种子合在一起）：
 
 # %%
@@ -235,14 +254,14 @@ runs_cdf = {name: [] for name in ("fcfs", "lpm a=0", "lpm a=300")}
 for seed in SEEDS:
     for name, cfg in (("fcfs", "fcfs"), ("lpm a=0", 0.0), ("lpm a=300", 300.0)):
         r = runs[cfg, seed]
-        t0, t1 = np.quantile([q.arrival_time for q in r.requests], [0.1, 0.9])
+        t0, t1 = np.quantile([q.arrival_time for q in r.requests], STEADY)
         runs_cdf[name] += [q.ttft for q in r.requests if q.request_id.startswith("cold") and t0 <= q.arrival_time <= t1]
 fig, ax = plt.subplots(figsize=(7, 3))
 for (name, v), col in zip(runs_cdf.items(), ("0.3", "C3", "C0")):
     v = np.sort(v)
     ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", color=col, label=name)
 ax.set(xlabel="TTFT of cache-cold requests (s)", ylabel="fraction of cold requests", xscale="log",
-       title="Cache-cold requests under FCFS, pure LPM and LPM with aging (steady state, 2 seeds)")
+       title=f"Cache-cold requests under FCFS, pure LPM and LPM with aging (steady state, {len(SEEDS)} seeds)")
 ax.grid(alpha=0.3, which="both")
 ax.legend(fontsize=8)
 plt.show()
@@ -250,8 +269,9 @@ plt.show()
 # %% [markdown]
 # ## 14.5 老化：扫描 $a$
 #
-# 老化参数 $a$ 的含义是“一秒的等待值多少个命中 Token”。热请求最多命中 1024 个 Token（系统提示词恰好是 64 个整块），所以 $a = 100$ 时冷请求最多被同时到达的热请求超越约 10 s，
-# $a = 1000$ 时约 1 s。扫一遍 $a$，看冷请求 TTFT p99、热请求 TTFT p50 与命中率怎样在 FCFS 与纯 LPM 之间移动：
+# 老化参数 $a$ 的含义是“一秒的等待值多少个命中 Token”。热请求最多命中 {{PREFIX_LEN}} 个 Token（系统提示词恰好是
+# {{PREFIX_LEN // EngineConfig().block_size}} 个整块），所以 $a = {{AGING[2]:g}}$ 时冷请求最多被同时到达的热请求超越约
+# {{PREFIX_LEN / AGING[2]:.0f}} s，$a = {{AGING[-1]:g}}$ 时约 {{PREFIX_LEN / AGING[-1]:.0f}} s。扫一遍 $a$，看冷请求 TTFT p99、热请求 TTFT p50 与命中率怎样在 FCFS 与纯 LPM 之间移动：
 
 # %%
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.2))
@@ -270,30 +290,33 @@ for ax in (ax1, ax2):
     ax.legend(fontsize=7)
 ax1.set_ylabel("TTFT (s)")
 ax2.set_ylabel("% of prompt tokens")
-fig.suptitle("LPM with aging between pure LPM (a = 0) and FCFS (a -> inf), mean of 2 seeds", fontsize=10)
+fig.suptitle(f"LPM with aging between pure LPM (a = 0) and FCFS (a -> inf), mean of {len(SEEDS)} seeds", fontsize=10)
 fig.tight_layout()
 plt.show()
-best = min(AGING, key=lambda a: (avg(a, "cold_p99") > 1.25 * avg("fcfs", "cold_p99"), avg(a, "hot_p50")))
-assert avg(best, "cold_p99") <= 1.25 * avg("fcfs", "cold_p99") and avg(best, "hot_p50") < avg("fcfs", "hot_p50"), \
+SLACK = 1.25                         # how much worse than FCFS the cold tail may get
+best = min(AGING, key=lambda a: (avg(a, "cold_p99") > SLACK * avg("fcfs", "cold_p99"), avg(a, "hot_p50")))
+assert avg(best, "cold_p99") <= SLACK * avg("fcfs", "cold_p99") and avg(best, "hot_p50") < avg("fcfs", "hot_p50"), \
     "the prose says one aging value keeps cold p99 near FCFS and hot p50 below it"
 print(" | ".join(f"a={a:g}: cold p99 {avg(a, 'cold_p99'):.1f} s, hot p50 {avg(a, 'hot_p50'):.2f} s, hit {avg(a, 'hit'):.1%}"
                  for a in AGING))
 
 # %% [markdown]
 # $a$ 越大，冷请求的尾部越接近 FCFS，热请求的中位数与命中率也越接近 FCFS。在这个负载上，$a = {{best:g}}$ 是一个折中：
-# 冷请求 TTFT p99 为 {{avg(best, "cold_p99"):.1f}} s（FCFS 为 {{avg("fcfs", "cold_p99"):.1f}} s，不超过它的 1.25 倍），
+# 冷请求 TTFT p99 为 {{avg(best, "cold_p99"):.1f}} s（FCFS 为 {{avg("fcfs", "cold_p99"):.1f}} s，不超过它的 {{SLACK:g}} 倍），
 # 热请求 TTFT 中位数为 {{avg(best, "hot_p50"):.2f}} s（FCFS 为 {{avg("fcfs", "hot_p50"):.2f}} s）。最合适的 $a$ 取决于命中长度的分布与突发的长短：
 # 它把“最长等待”定在 $p_\max / a$ 附近，应当与你的 TTFT SLO 对齐。SGLang 自己没有老化项（v0.5.3 的 `_sort_by_longest_prefix`
 # 只按命中长度排序）；它靠的是“队列超过 128 就退回 FCFS”，而那是为排序的开销设的，并不限制饥饿。
 #
 # ## 14.6 动手：老化参数与到达率
 #
-# 下面的控件在 14.4 节的负载上（种子 1）运行 `lpm`，画出热、冷两类请求的 TTFT 分布。调大到达率会让突发更严重、队列更长；
-# 把 $a$ 从 0 调到 3000，看冷请求的尾部怎样回到 FCFS（虚线）附近。
+# 下面的函数在 14.4 节的负载上运行 `lpm`，画出热、冷两类请求的 TTFT 分布：
 
 # %% tags=["nbval-ignore-output"]
-def explore(aging=100.0, rate=2.2):
-    wl = mixed(1, rate=rate)
+AGING_CHOICES = [0.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0]
+
+
+def explore(aging=LPM_DEFAULTS["aging_tokens_per_s"], rate=RATE_MIX):
+    wl = mixed(SEEDS[0], rate=rate)
     r_lpm, r_fcfs = run_policy(wl, LPMPolicy(aging_tokens_per_s=aging)), run_policy(wl, "continuous")
     fig, ax = plt.subplots(figsize=(7, 3))
     for r, ls, tag in ((r_lpm, "-", f"lpm a={aging:g}"), (r_fcfs, ":", "fcfs")):
@@ -307,13 +330,25 @@ def explore(aging=100.0, rate=2.2):
     m_lpm, m_fcfs = measure(r_lpm), measure(r_fcfs)
     print(f"lpm a={aging:g}: cold p99 {m_lpm['cold_p99']:.1f} s, hot p50 {m_lpm['hot_p50']:.2f} s, hit {m_lpm['hit']:.1%} | "
           f"fcfs: cold p99 {m_fcfs['cold_p99']:.1f} s, hot p50 {m_fcfs['hot_p50']:.2f} s, hit {m_fcfs['hit']:.1%}; "
-          f"longest queue {m_lpm['max_waiting']} (above 128 lpm falls back to FCFS)")
+          f"longest queue {m_lpm['max_waiting']} (above {LPM_DEFAULTS['max_queue']} lpm falls back to FCFS)")
 
+# %% [markdown]
+# 控件用种子 {{SEEDS[0]}} 的负载。调大到达率会让突发更严重、队列更长；把 $a$ 从 {{AGING_CHOICES[0]:g}} 调到 {{AGING_CHOICES[-1]:g}}，
+# 看冷请求的尾部怎样回到 FCFS（虚线）附近。
 
+# %% tags=["nbval-ignore-output"]
 W.interact(explore,
-           aging=W.SelectionSlider(options=[0.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0], value=100.0,
+           aging=W.SelectionSlider(options=AGING_CHOICES, value=LPM_DEFAULTS["aging_tokens_per_s"],
                                    continuous_update=False, description="aging a"),
-           rate=W.FloatSlider(value=2.2, min=1.0, max=3.0, step=0.2, continuous_update=False, description="rate (req/s)"));
+           rate=W.FloatSlider(value=RATE_MIX, min=1.0, max=3.0, step=0.2, continuous_update=False,
+                              description="rate (req/s)"));
+
+# %% tags=["check"]
+# The exercises' settings, and the figures hint 3 quotes.
+EX_RATE, EX_QUEUE, EX_PROMPT, EX_BLOCKS = 3.0, 32, 1000, [16, 64]
+ex_hit = {b: EX_PROMPT // b * b for b in EX_BLOCKS}
+assert EX_BLOCKS[0] == EngineConfig().block_size, "exercise 3 compares against minibatch's default block size"
+
 
 # %% [markdown]
 # ## 本章小结
@@ -332,8 +367,10 @@ W.interact(explore,
 #
 # 1. **DFS-weight。** 为 minibatch 写一个 `dfs-weight` 策略：用 `state.kv.radix.match_prefix(req.all_token_ids)` 找到每个等待请求的匹配终点
 #    （最后一个命中块所在的节点），按 14.3 节的规则计算权重并深度优先排序。在 14.4 节的负载上与 LPM 比较命中率与冷请求的 TTFT。
-# 2. **退回 FCFS 的阈值。** 把 14.4 节的到达率提高到 3 req/s，队列最长会超过 128 吗？`LPMPolicy(max_queue=32)` 与默认值相比，冷请求的 TTFT p99 怎样变化？
-# 3. **按块还是按 Token。** SGLang 默认逐 Token 匹配，minibatch 按块（16 Token）。如果系统提示词长 1000 Token，按块能命中多少？块大小为 64 呢？
+# 2. **退回 FCFS 的阈值。** 把 14.4 节的到达率提高到 {{EX_RATE:g}} req/s，队列最长会超过 {{LPM_DEFAULTS['max_queue']}} 吗？
+#    `LPMPolicy(max_queue={{EX_QUEUE}})` 与默认值相比，冷请求的 TTFT p99 怎样变化？
+# 3. **按块还是按 Token。** SGLang 默认逐 Token 匹配，minibatch 按块（{{EX_BLOCKS[0]}} Token）。如果系统提示词长 {{EX_PROMPT}} Token，
+#    按块能命中多少？块大小为 {{EX_BLOCKS[1]}} 呢？
 #    什么样的负载里逐 Token 匹配的优势最大？
 # 4. **老化的单位。** minibatch 的老化按秒计，SGLang 社区提出的方案（issue #31954）按“调度轮次”计。两种单位在负载变化时各有什么问题？
 #
@@ -344,7 +381,8 @@ W.interact(explore,
 #    运行中的请求仍排在最前。
 # 2. 队列越长，LPM 越可能因为超过阈值而临时退回 FCFS；阈值调小，LPM 起作用的时间变少，冷请求的尾部更接近 FCFS，命中率的收益也随之变小。
 #    用 `measure(...)["max_waiting"]` 看队列有多长。
-# 3. 按块只能命中 $\lfloor 1000/16 \rfloor \cdot 16 = 992$ 个 Token（块大小 64 时 960）；逐 Token 匹配在前缀很短、或前缀长度远不是块大小倍数、
+# 3. 按块只能命中 $\lfloor {{EX_PROMPT}}/{{EX_BLOCKS[0]}} \rfloor \cdot {{EX_BLOCKS[0]}} = {{ex_hit[EX_BLOCKS[0]]}}$ 个 Token
+#    （块大小 {{EX_BLOCKS[1]}} 时 {{ex_hit[EX_BLOCKS[1]]}}）；逐 Token 匹配在前缀很短、或前缀长度远不是块大小倍数、
 #    且共享段之后紧跟差异的负载（例如大量短提示词共享开头几个词）里优势最大。
 # 4. 按秒计时，负载高、每步慢时，同样的等待秒数对应更少的调度机会，老化的“力度”取决于系统快慢；按轮次计时，空闲时轮次多而等待短，
 #    会过快地把冷请求提到前面。两者都需要按负载重新调参，所以最好把 $a$ 与 TTFT SLO 联系起来设定。
