@@ -3,7 +3,7 @@
 # step does not stop the others:
 #   1. pytest -m gpu               (compiled kernels in bf16/fp16, and any other GPU test)
 #   2. pytest tests/kernel_tests        (the float32 kernel tests, compiled on the GPU this time)
-#   3. benchmarks/kernels.py       (paged decode attention bandwidth)
+#   3. benchmarks/gpu_kernels.py       (paged decode attention bandwidth)
 #   4. benchmarks/offline_throughput.py --device cuda --model-shape qwen3-0.6b --dtype bfloat16
 # Needs only torch, triton and transformers (no network): the package is installed
 # with --no-deps --no-build-isolation. Results go to ${OUT:-./gpu_results}.
@@ -39,7 +39,7 @@ $PY -m pip install -e . --no-deps --no-build-isolation -q 2>&1 | tail -3 \
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 step pytest_gpu        150 $PY -m pytest -m gpu tests -q -rs -p no:cacheprovider
-step kernels_bench     150 $PY benchmarks/kernels.py --out "$OUT_DIR/kernels.json"
+step kernels_bench     150 $PY benchmarks/gpu_kernels.py --out "$OUT_DIR/kernels.json"
 step offline_throughput 120 $PY benchmarks/offline_throughput.py --device cuda --model-shape qwen3-0.6b \
                               --dtype bfloat16 --out "$OUT_DIR/offline_throughput.json"
 step pytest_kernels_compiled 60 $PY -m pytest tests/kernel_tests -m "not gpu" -q -x -p no:cacheprovider

@@ -22,3 +22,12 @@ def test_no_test_package_shadows_an_installed_top_level_module():
     assert ours, "expected test packages under tests/"
     clashes = {name: installed[name] for name in ours if name in installed}
     assert not clashes, f"test packages named like installed modules (rename them): {clashes}"
+
+
+def test_no_benchmark_script_shadows_an_installed_top_level_module():
+    """``python benchmarks/x.py`` puts benchmarks/ first on sys.path: ``benchmarks/kernels.py``
+    hid Hugging Face's ``kernels`` from transformers, and ``python benchmarks/router.py`` failed."""
+    installed = packages_distributions()
+    scripts = sorted(p.stem for p in (TESTS.parent / "benchmarks").glob("*.py"))
+    clashes = {name: installed[name] for name in scripts if name in installed}
+    assert not clashes, f"benchmark scripts named like installed modules (rename them): {clashes}"

@@ -19,9 +19,9 @@ Each timing is the median of ``--iters`` runs after ``--warmup`` runs, timed wit
 CUDA events; the L2 cache is flushed (a 256 MiB write) before every timed run so that
 small cases are not served from L2. Goal: >= 70 % of peak at batch 64, context 4096.
 
-    python benchmarks/kernels.py                          # the full grid, bf16
-    python benchmarks/kernels.py --out kernels.json --peak-gbps 3350
-    python benchmarks/kernels.py --sweep                  # also try tile/warp/stage configs
+    python benchmarks/gpu_kernels.py                          # the full grid, bf16
+    python benchmarks/gpu_kernels.py --out kernels.json --peak-gbps 3350
+    python benchmarks/gpu_kernels.py --sweep                  # also try tile/warp/stage configs
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="write the results as JSON")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        print("benchmarks/kernels.py measures GPU memory bandwidth and needs a CUDA device; none found.\n"
+        print("benchmarks/gpu_kernels.py measures GPU memory bandwidth and needs a CUDA device; none found.\n"
               "(The kernels' correctness tests run on CPU: pytest tests/kernel_tests)", file=sys.stderr)
         return 2
 
