@@ -337,7 +337,14 @@ class LLMEngine:
         """Record a request that failed validation, so that none is lost silently."""
         request_id = request_id if request_id is not None else str(next(self._ids))
         ids = list(prompt) if isinstance(prompt, (list, tuple)) else []
-        req = Request(request_id, ids, params if isinstance(params, SamplingParams) else SamplingParams(),
+        if isinstance(params, SamplingParams):
+            try:
+                params.validate()
+            except ValueError:               # the params are what was wrong (e.g. a seed set later)
+                params = SamplingParams()
+        else:
+            params = SamplingParams()
+        req = Request(request_id, ids, params,
                       self.clock.now() if arrival_time is None else arrival_time,
                       prompt=prompt if isinstance(prompt, str) else None)
         req.status = RequestStatus.REJECTED

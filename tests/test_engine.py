@@ -293,6 +293,18 @@ def test_reject_keeps_the_given_sampling_params_and_replaces_anything_else():
     assert r.sampling_params.max_tokens == SamplingParams().max_tokens
 
 
+def test_reject_of_params_made_bad_after_construction_records_the_request():
+    """A seed set after construction (outside the int64 range) is what failed validation: reject
+    must record the request with default params, not crash building its torch generator."""
+    e = engine()
+    sp = greedy(max_tokens=3)
+    sp.seed = 2 ** 70
+    r = e.reject([10], sp, "invalid seed", request_id="s")
+    assert r.status is RequestStatus.REJECTED and r.error == "invalid seed"
+    assert r.sampling_params.seed is None
+    assert e.reject([10], greedy(max_tokens=3), "x", request_id="ok").sampling_params.max_tokens == 3
+
+
 def test_reject_events_carry_the_prompt_length_and_the_error():
     seen = []
     e = engine()
