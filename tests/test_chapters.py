@@ -6,6 +6,7 @@ chapters/``, part of the test command); these checks guard what nbval does not.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -98,3 +99,74 @@ def test_check_cells_are_collapsed_and_folded():
     assert visible_cell_problems([cell]) == []
     shown = new_code_cell("\n".join(["assert True"] * 3))
     assert visible_cell_problems([shown]) and "3 asserts" in visible_cell_problems([shown])[0]
+
+
+def _bound_names(tree) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def field_problems(cells) -> list[str]:
+    """``{{expr:spec}}`` fields of Markdown cells that cannot evaluate: not a valid f-string field
+    (e.g. mixed quotes, which the builder's ``f + repr(...)`` cannot carry on Python 3.11), or a
+    name no earlier code cell binds. A build finds these only when it reaches the cell."""
+    import builtins
+
+    from minibatch.labs.builder import FIELD_RE
+
+    bound, problems = set(dir(builtins)), []
+    for i, c in enumerate(cells):
+        if c.cell_type == "code":
+            try:
+                bound |= _bound_names(ast.parse(c.source))
+            except SyntaxError:
+                pass
+            continue
+        for field in FIELD_RE.findall(c.source):
+            text = field.strip()
+            try:
+                compile("f" + repr("{" + text + "}"), "<field>", "eval")
+            except SyntaxError as e:
+                problems.append(f"cell {i}: {{{{{text}}}}} is not a valid field ({e.msg})")
+                continue
+            tree = None
+            for j in range(len(text), 0, -1):        # the expression: the longest prefix that parses
+                try:
+                    tree = ast.parse(text[:j], mode="eval")
+                    break
+                except SyntaxError:
+                    continue
+            if tree is None:
+                problems.append(f"cell {i}: {{{{{text}}}}} does not parse")
+                continue
+            local = _bound_names(tree) | {a.arg for n in ast.walk(tree) if isinstance(n, ast.Lambda)
+                                          for a in n.args.args}
+            unbound = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+                              and n.id not in bound and n.id not in local})
+            if unbound:
+                problems.append(f"cell {i}: {{{{{text}}}}} uses {unbound}, bound by no earlier code cell")
+    return problems
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=[s.stem for s in SOURCES])
+def test_prose_fields_compile_and_use_names_bound_above(src):
+    problems = field_problems(read_notebook(src).cells)
+    assert not problems, f"{src.name}: " + "; ".join(problems)
+
+
+def test_field_problems_catches_unbound_names_and_bad_fields():
+    from nbformat.v4 import new_code_cell, new_markdown_cell
+
+    cells = [new_code_cell("x = 1\nimport numpy as np\ndef f(a):\n    return a"),
+             new_markdown_cell("ok {{x:.1f}} {{np.mean([x, 2]):.2f}} {{f(x)}} {{[k for k in range(x)]}} {{y}}"),
+             new_markdown_cell("""bad {{f'{x}' + "a"}}""")]
+    problems = field_problems(cells)
+    assert len(problems) == 2, problems
+    assert "['y']" in problems[0] and "cell 2" in problems[1]
