@@ -634,7 +634,7 @@ W.interact(explore,
 # ## 15.8 可选：压测一个真实的 TensorRT-LLM 服务
 #
 # 如果你有一台装好 TensorRT-LLM 的 GPU 机器，用 `trtllm-serve <model>` 起一个 OpenAI 兼容的服务，
-# 把它的地址写进环境变量 `TRTLLM_BASE_URL`（例如 `http://127.0.0.1:8000`）再运行下一格：它用 `python -m minibatch bench serve`
+# 把它的地址写进环境变量 `TRTLLM_BASE_URL`（例如 `http://127.0.0.1:8000`）再运行下一格：它用 `.venv/bin/python -m minibatch bench serve`（即内核所用的解释器，`sys.executable`）
 # 发一组与 15.4 节长度相近的随机请求，打印与 `vllm bench serve` 格式相同的结果表。没有配置或连不上时，这一格只打印一句说明，不会出错。
 # `TRTLLM_BENCH_ARGS` 可以追加 `bench serve` 的参数（例如 `--request-rate 4 --num-prompts 200`）。
 

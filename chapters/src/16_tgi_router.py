@@ -542,7 +542,7 @@ assert tiny_prefill_only["tgi, no chunking (v2)"] > 1, "later requests joined wi
 # ## 16.9 可选：压测一个真实的 TGI 服务
 #
 # 如果你有一台 GPU 机器，用 TGI 的容器或 `text-generation-launcher --model-id <model>` 起服务，把地址写进环境变量 `TGI_BASE_URL`
-# （例如 `http://127.0.0.1:8080`）再运行下一格：它用 `python -m minibatch bench serve` 对 TGI 的 OpenAI 兼容接口（`/v1/completions`）
+# （例如 `http://127.0.0.1:8080`）再运行下一格：它用 `.venv/bin/python -m minibatch bench serve`（即内核所用的解释器，`sys.executable`） 对 TGI 的 OpenAI 兼容接口（`/v1/completions`）
 # 发一组与 16.3 节长度相近的随机请求。`TGI_BENCH_ARGS` 追加 `bench serve` 的参数（例如 `--request-rate 12 --num-prompts 600`，
 # 配合启动参数 `--max-concurrent-requests 64` 可以复现 16.6 节的 429）。没有配置或连不上时只打印一句说明，不会出错。
 
