@@ -30,20 +30,14 @@ tiny  The embedded tiny model, really run on this CPU (virtual clock advanced by
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-# Run as a script, this folder leads sys.path, and benchmarks/kernels.py would shadow the
-# `kernels` package that transformers imports when the tiny model loads its config.
-sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-from minibatch import LLMEngine, EngineConfig, SamplingParams  # noqa: E402
-from minibatch.runner import run  # noqa: E402
-from minibatch.sim.offload import lru_hit_rate, stack_distances  # noqa: E402
-from minibatch.workload import load_shipped_trace  # noqa: E402
+from minibatch import LLMEngine, EngineConfig, SamplingParams
+from minibatch.runner import run
+from minibatch.sim.offload import lru_hit_rate, stack_distances
+from minibatch.workload import load_shipped_trace
 
 SIM = dict(executor="sim", model="llama-3.1-8b", hardware="h100", block_size=64, max_model_len=32768,
            enable_prefix_caching=True)
