@@ -366,3 +366,28 @@ def test_stack_distances_give_the_hit_rate_of_every_lru_size():
     assert lru_hit_rate(dist, 512, 100.0, 150.0) <= lru_hit_rate(dist, 60 * 512, 100.0, 150.0)
     long = Workload([RequestSpec(0.0, 2000, 4, hash_ids=[1, 2, 3, 4]), RequestSpec(1.0, 600, 4, hash_ids=[1, 2])])
     assert lru_hit_rate(stack_distances(long, max_prompt=1000), 10 * 512) == 0.0   # the long prompt is left out
+
+
+def test_metrics_count_host_hits_as_vllms_external_prefix_cache():
+    """/metrics: the host tier's hits are vLLM's external_prefix_cache_* (a KV connector's), the
+    device's stay in prefix_cache_hits; the tier's copies are counted."""
+    from minibatch.serving.metrics import ServingMetrics, engine_gauges
+    from minibatch.serving.scrape import parse_page
+
+    engine = _engine(policy="write_back")
+    _serve(engine, [_prompt(s) for s in (1, 2, 3, 1)])
+    m = ServingMetrics("tiny")
+    page = parse_page(m.render(engine_gauges(engine), 0))
+    key = (("engine", "0"), ("model_name", "tiny"))
+    kv = engine.kv
+    assert kv.prefix_host_hits == 4 * BS
+    assert page[("vllm:prefix_cache_hits_total", key)] == kv.prefix_hits - kv.prefix_host_hits
+    assert page[("vllm:external_prefix_cache_hits_total", key)] == kv.prefix_host_hits
+    assert page[("vllm:external_prefix_cache_queries_total", key)] == \
+        kv.prefix_queries - (kv.prefix_hits - kv.prefix_host_hits)
+    assert page[("minibatch:kv_offload_loaded_blocks_total", key)] == kv.host.num_loaded == 4
+    assert page[("minibatch:kv_offload_stored_blocks_total", key)] == kv.host.num_stored > 0
+    seconds = {dict(k[1])["direction"]: v for k, v in page.items() if k[0] == "minibatch:kv_offload_copy_seconds_total"}
+    assert seconds == {"store": kv.host.store_seconds, "load": kv.host.load_seconds}
+    plain = parse_page(ServingMetrics("tiny").render(engine_gauges(_engine(host=0)), 0))
+    assert not any(k[0].startswith(("vllm:external_prefix", "minibatch:kv_offload")) for k in plain)

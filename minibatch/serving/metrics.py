@@ -33,6 +33,13 @@ not finished), ``kv_cache_used_blocks``, ``kv_cache_total_blocks`` and
 unauthorized, too_large (413), timeout (408), host (a Host header not allowed), media_type
 (415), disconnected (the client left while sending its body)).
 
+With a KV offload host tier (``kv_offloading_size`` / ``kv_offload_blocks``) the host tier's prefix
+hits count as vLLM counts a KV connector's: ``vllm:external_prefix_cache_queries_total`` (tokens the
+device cache missed) and ``vllm:external_prefix_cache_hits_total`` (of those, loaded from the host),
+while ``vllm:prefix_cache_hits_total`` keeps the device's own; minibatch adds
+``kv_offload_stored_blocks_total``, ``kv_offload_loaded_blocks_total``, ``kv_offload_dropped_blocks_total``
+and ``kv_offload_copy_seconds_total{direction="store"|"load"}``.
+
 Counters and histograms are fed by the engine's events (on the engine thread);
 gauges and the engine's cumulative counters come from the snapshot the engine thread
 publishes after every loop turn.
@@ -66,7 +73,17 @@ def engine_gauges(engine) -> dict:
     return {"running": len(sched.running), "waiting": len(sched.waiting),
             "kv_used_blocks": kv.num_used_blocks, "kv_total_blocks": kv.num_blocks,
             "kv_usage": kv.usage, "preemptions": sched.num_preemptions,
-            "prefix_queries": kv.prefix_queries, "prefix_hits": kv.prefix_hits}
+            "prefix_queries": kv.prefix_queries, "prefix_hits": kv.prefix_hits,
+            "prefix_host_hits": getattr(kv, "prefix_host_hits", 0),
+            "host_tier": _host_tier_counters(getattr(kv, "host", None))}
+
+
+def _host_tier_counters(host) -> dict | None:
+    """The KV offload host tier's cumulative copies (``minibatch.kv_offload``), or None without one."""
+    if host is None:
+        return None
+    return {"stored_blocks": host.num_stored, "loaded_blocks": host.num_loaded, "dropped_blocks": host.num_dropped,
+            "store_seconds": host.store_seconds, "load_seconds": host.load_seconds}
 
 
 def one_two_five_buckets(max_value: int) -> list[int]:
@@ -112,8 +129,29 @@ class _Snapshot:
                       g["preemptions"])
         yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
                       g["prefix_queries"])
+        # vLLM counts device hits here and a KV connector's (an offload tier's) as "external"
+        # (vllm/v1/metrics/loggers.py, 0.11 and later): the host tier's hits go there.
+        host_hits = g.get("prefix_host_hits", 0)
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-                      g["prefix_hits"])
+                      g["prefix_hits"] - host_hits)
+        tier = g.get("host_tier")
+        if tier is not None:
+            yield counter("vllm:external_prefix_cache_queries", "External prefix cache queries from KV "
+                          "connector, in terms of number of queried tokens.", g["prefix_queries"] - (g["prefix_hits"]
+                                                                                                   - host_hits))
+            yield counter("vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector, in "
+                          "terms of number of cached tokens.", host_hits)
+            yield counter("minibatch:kv_offload_stored_blocks", "KV blocks copied device -> host tier.",
+                          tier["stored_blocks"])
+            yield counter("minibatch:kv_offload_loaded_blocks", "KV blocks copied host tier -> device.",
+                          tier["loaded_blocks"])
+            yield counter("minibatch:kv_offload_dropped_blocks", "Host tier entries evicted (LRU).",
+                          tier["dropped_blocks"])
+            fam = CounterMetricFamily("minibatch:kv_offload_copy_seconds", "Seconds of KV copies charged to "
+                                      "engine steps, by direction.", labels=LABELS + ("direction",))
+            fam.add_metric(L + ["store"], tier["store_seconds"])
+            fam.add_metric(L + ["load"], tier["load_seconds"])
+            yield fam
         yield gauge("minibatch:num_requests_in_flight", "HTTP requests admitted and not yet finished.",
                     self.num_in_flight)
         yield gauge("minibatch:kv_cache_used_blocks", "KV cache blocks in use.", g["kv_used_blocks"])
