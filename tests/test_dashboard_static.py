@@ -105,3 +105,22 @@ def test_preview_keeps_the_controls():
     assert result.summary()["num_requests"] == 12 and not dash.errors
     assert dash.controls["num_requests"].value == 300 and dash.controls["speed"].value == 5
     assert dash.live.finished and not dash.buttons["start"].disabled
+
+
+def test_an_explorer_that_prints_keeps_what_it_printed_first():
+    """builder.add_widget_stills: an ``interact`` whose Output area printed text and drew nothing
+    stores that text (and a hint) instead of ``VBox(children=...)``; running it again changes nothing."""
+    from minibatch.labs.builder import WIDGET_TEXT_HINT, add_widget_stills
+
+    state = {"box": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_slider", "IPY_MODEL_out"]}},
+             "slider": {"model_name": "IntSliderModel", "state": {}},
+             "out": {"model_name": "OutputModel", "state": {"outputs": [
+                 {"output_type": "stream", "name": "stdout", "text": "KV capacity: 61,284 tokens\n"}]}}}
+    view = {"output_type": "display_data", "metadata": {},
+            "data": {WIDGET: {"model_id": "box", "version_major": 2, "version_minor": 0},
+                     "text/plain": "VBox(children=(IntSlider(value=1),))"}}
+    nb = {"metadata": {"widgets": {"application/vnd.jupyter.widget-state+json": {"state": state}}},
+          "cells": [{"cell_type": "code", "outputs": [view]}]}
+    assert add_widget_stills(nb) == 1
+    assert view["data"]["text/plain"] == "KV capacity: 61,284 tokens\n" + WIDGET_TEXT_HINT
+    assert "image/png" not in view["data"] and add_widget_stills(nb) == 0

@@ -324,29 +324,41 @@ WIDGET_HINT = ("[an interactive figure: the picture shows it as it was first dra
                "one in JupyterLab (make course) to move its controls.]")
 
 
+WIDGET_TEXT_HINT = ("[an interactive explorer: above is what it printed when it was first run. Run the cells above "
+                    "and this one in JupyterLab (make course) to move its controls.]")
+
+
 def add_widget_stills(nb) -> int:
     """Give every stored widget output that has no picture the first figure its ``Output`` area
     drew (``ipywidgets.interact``), from the widget state nbclient saved in the notebook, and a
     one-line hint as ``text/plain``, so that the book, GitHub and a JupyterLab that has not run
     the cell show the figure instead of ``interactive(children=...)`` text; a live kernel still
-    renders the widget, the richest type. Returns the number of outputs given a picture."""
+    renders the widget, the richest type. An explorer that prints instead of drawing gets what it
+    printed first as its ``text/plain``, with a hint. Returns the number of outputs changed."""
     state = nb.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
 
-    def first_png(model_id: str, seen: set) -> str | None:
+    def first_output(model_id: str, seen: set, kind: str) -> str | None:
         model = state.get(model_id)
         if model is None or model_id in seen:
             return None
         seen.add(model_id)
-        for out in model.get("state", {}).get("outputs", []) or []:
-            png = out.get("data", {}).get("image/png")
-            if png:
-                return png
-        children = model.get("state", {}).get("children", []) or []
-        for child in children:
-            if isinstance(child, str) and child.startswith("IPY_MODEL_"):
-                png = first_png(child[len("IPY_MODEL_"):], seen)
+        outs = model.get("state", {}).get("outputs", []) or []
+        if kind == "png":
+            for out in outs:
+                png = out.get("data", {}).get("image/png")
                 if png:
                     return png
+        else:
+            text = "".join(_text(out.get("text", "")) for out in outs if out.get("output_type") == "stream")
+            text += "".join(_text(out.get("data", {}).get("text/plain", "")) for out in outs
+                            if out.get("output_type") in ("display_data", "execute_result"))
+            if text.strip():
+                return text
+        for child in model.get("state", {}).get("children", []) or []:
+            if isinstance(child, str) and child.startswith("IPY_MODEL_"):
+                found = first_output(child[len("IPY_MODEL_"):], seen, kind)
+                if found:
+                    return found
         return None
 
     added = 0
@@ -355,12 +367,24 @@ def add_widget_stills(nb) -> int:
             data = out.get("data", {})
             if WIDGET_VIEW not in data or "image/png" in data:
                 continue
-            png = first_png(data[WIDGET_VIEW].get("model_id", ""), set())
+            if _text(data.get("text/plain", "")).endswith(WIDGET_TEXT_HINT):
+                continue                                        # already given its still
+            model_id = data[WIDGET_VIEW].get("model_id", "")
+            png = first_output(model_id, set(), "png")
             if png:
                 data["image/png"] = png
                 data["text/plain"] = WIDGET_HINT
                 added += 1
+                continue
+            text = first_output(model_id, set(), "text")
+            if text:
+                data["text/plain"] = text.rstrip("\n") + "\n" + WIDGET_TEXT_HINT
+                added += 1
     return added
+
+
+def _text(value) -> str:
+    return "".join(value) if isinstance(value, list) else (value or "")
 
 
 def clean_outputs(nb: nbformat.NotebookNode) -> None:

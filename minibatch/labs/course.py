@@ -1,4 +1,4 @@
-"""The course map: 30 chapters in three stages and 10 labs, declared once.
+"""The course map: the chapters in four stages and 10 labs, declared once.
 
 Everything that lists the course is made from :data:`STAGES` and :data:`LABS`: the landing
 page that ``make course`` opens (``COURSE.md``), the README's table of chapters
@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 COMING = "即将推出"
+_CN = dict(enumerate("零一二三四五六七八九"))
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,11 @@ STAGES = (
         (28, "弹性伸缩"),
         (29, "故障排查手册"),
         (30, "容量规划与综合案例复盘"),
+    )),
+    Stage("第四阶段 · 前沿篇（2025–2026）", "主流引擎在 2025–2026 年新增的批处理特性，怎么在同一个引擎里度量", (
+        (31, "异步调度：让调度与计算重叠（Async Scheduling）"),
+        (32, "批内投机解码（Speculative Decoding）"),
+        (33, "KV 卸载分层：扩展前缀缓存（KV Offload）"),
     )),
 )
 
@@ -172,7 +178,7 @@ def landing_cells(root: Path = ROOT) -> list[str]:
     written = "" if complete else f"目前已写成 {len(chapters)} 章、{len(labs)} 个实验，其余标为“{COMING}”。"
     intro = "\n\n".join([
         "# minibatch：LLM 推理服务中的动态批处理（Dynamic Batching）",
-        f"欢迎！这是课程的首页与课程地图。全课 {len(chapter_titles())} 章分三个阶段，另有 {len(LABS)} 个实验（Labs）；"
+        f"欢迎！这是课程的首页与课程地图。全课 {len(chapter_titles())} 章分{_CN[len(STAGES)]}个阶段，另有 {len(LABS)} 个实验（Labs）；"
         f"{written}每一章都是一个 Jupyter Notebook："
         "讲解用简体中文，关键术语附英文，代码用英文；所有实验都由同一个紧凑的推理引擎 **minibatch** 驱动——"
         "在 CPU 上跑真实的小模型 `tiny`，或在模拟器里让 LLaMA-7B/13B/70B “跑”在 A10、A100、H100 上。",
