@@ -23,6 +23,7 @@
 
 # %%
 import os
+from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"   # before triton (and minibatch's kernel modules) is imported
 
@@ -130,6 +131,8 @@ md_table(["step", "decode tokens", "prefill tokens", "store_kv calls", "decode c
 print("greedy tokens, triton backend (interpreter):", tokens_triton)
 print("identical to the C-kernel and torch backends:", tokens_triton == tokens_cpu == tokens_torch)
 mixed = [i for i, (d, p, c) in enumerate(dispatch_steps) if d and p]
+
+# %% tags=["check"]
 assert tokens_triton == tokens_cpu == tokens_torch, "the prose says the three backends give the same greedy tokens"
 assert mixed and all(c.get("paged_decode_attention") == c.get("paged_prefill_attention") == n_layers
                      for d, p, c in (dispatch_steps[i] for i in mixed)), "a mixed step calls both kernels in every layer"
@@ -213,7 +216,7 @@ def store_case(num_tokens, num_blocks, block_size, kv_heads, head_dim, seed=0, s
     v_cache = torch.randn(shape, generator=g).to(cache_dtype)
     return qkv[:, 1], qkv[:, 2], k_cache, v_cache, slots
 
-
+# %%
 def store_matches_reference(store, case):
     """``store`` writes exactly what ``store_kv_ref`` writes, and nothing else."""
     key, value, k_cache, v_cache, slots = case
@@ -232,6 +235,8 @@ ok_flat = store_matches_reference(store_kv_flat, contiguous_case)
 ok_fp16 = store_matches_reference(triton_store_kv.store_kv, store_case(20, 8, 16, 4, 32, cache_dtype=torch.float16))
 print(f"package kernel == store_kv_ref: {ok_package} | teaching flat kernel == store_kv_ref: {ok_flat} | "
       f"fp32 rows into an fp16 cache: {ok_fp16}")
+
+# %% tags=["check"]
 assert ok_package and ok_flat and ok_fp16, "the prose says all three stores match the reference bit for bit"
 
 # %% [markdown]
@@ -405,7 +410,7 @@ print(f"Triton {triton.__version__} defaults (triton/backends/nvidia/compiler.py
 # %% [markdown]
 # minibatch 在 GPU 上的 bf16 配置是 `BLOCK_N` = 64、`num_warps` = 4、`num_stages` = 3，后两个正是 Triton {{triton.__version__}}
 # 的默认值（`num_warps` = {{triton_defaults["num_warps"]}}、`num_stages` = {{triton_defaults["num_stages"]}}）；函数的文档说明它们“未经调优”，
-# 调优用 `benchmarks/kernels.py --sweep`（17.6 节的 GPU 单元格也扫这几个旋钮）。别人的选择可以作参照（均核对自 vLLM v0.11.0 源码）：
+# 调优用 `benchmarks/gpu_kernels.py --sweep`（17.6 节的 GPU 单元格也扫这几个旋钮）。别人的选择可以作参照（均核对自 vLLM v0.11.0 源码）：
 #
 # | 内核（源文件） | Tile | `num_warps` | `num_stages` |
 # |---|---|---|---|
@@ -541,8 +546,10 @@ for gpu in GPUS:
     rows.append([gpu, f"{hw.memory_bandwidth / 1e9:.0f}", f"{kv_bytes / 1e9:.2f}", f"{kv_bytes / hw.memory_bandwidth * 1e6:,.0f}",
                  f"{attn_us[gpu]:,.0f}", f"{attn_share[gpu]:.0%}"])
 print(f"llama-3-8b, batch {BATCH} x context {CTX}: {kv_bytes / 1e9:.2f} GB of K/V read per decode step (32 layers)")
-assert max(attn_share.values()) - min(attn_share.values()) < 0.01, "the prose says the share is the same on every GPU"
 md_table(["GPU", "peak GB/s", "KV GB/step", "us at peak", "us at effective (model)", "attention share of the step"], rows)
+
+# %% tags=["check"]
+assert max(attn_share.values()) - min(attn_share.values()) < 0.01, "the prose says the share is the same on every GPU"
 
 # %% [markdown]
 # 这批请求每个解码步要读 {{kv_bytes / 1e9:.2f}} GB 的 K/V。在 H100 上按数据手册的峰值带宽至少要 {{kv_bytes / get_hardware("h100").memory_bandwidth * 1e6:,.0f}} µs，
@@ -587,85 +594,14 @@ else:
 # 2. 在批 64 × 4096 上扫 页大小 ∈ {16, 32} × `BLOCK_N` ∈ {32, 64, 128} × `num_warps` ∈ {4, 8} × `num_stages` ∈ {2, 3}；
 # 3. KV 写入：一次 8192 个 Token 的预填充写入。
 #
-# 每个时间是 CUDA 事件计时的中位数，每次计时前写 256 MiB 冲掉 L2 缓存（与 `benchmarks/kernels.py` 相同）。
+# 每个时间是 CUDA 事件计时的中位数，每次计时前写 256 MiB 冲掉 L2 缓存（与 `benchmarks/gpu_kernels.py` 相同；脚本是 `benchmarks/triton_gpu_sweep.py`）。
 # 打印实测 GB/s，以及它占 `minibatch/sim/hardware.py` 里这块 GPU 峰值带宽的比例。没有 GPU 时只打印一句说明，**不报告任何 GPU 数字**。
 
 # %%
 SWEEP = dict(block_size=[16, 32], block_n=[32, 64, 128], num_warps=[4, 8], num_stages=[2, 3])
-GPU_BENCH = r'''
-import json, statistics, sys, time, torch
-from minibatch.kernels import triton_decode, triton_store_kv
+GPU_BENCH = (Path(minibatch.__file__).resolve().parents[1] / "benchmarks" / "triton_gpu_sweep.py").read_text(encoding="utf-8")
 
-cfg = json.loads(sys.argv[1])
-dev, dt, scale = cfg["device"], getattr(torch, cfg["dtype"]), cfg["scale"]   # scale < 1 only for a CPU smoke test
-H, HKV, D = cfg["heads"]                            # query heads, KV heads, head_dim
-cuda = dev == "cuda"
-flush = torch.empty(256 * 2**20 if cuda else 1, dtype=torch.uint8, device=dev)
-
-
-def timed(fn, iters):
-    for _ in range(2 if cuda else 1):
-        fn()
-    ts = []
-    for _ in range(iters):
-        flush.zero_()
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(); fn(); b.record(); b.synchronize()
-            ts.append(a.elapsed_time(b) / 1e3)
-        else:
-            t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
-
-
-def paged(batch, ctx, bs):
-    per_seq = -(-ctx // bs)
-    k = torch.randn(batch * per_seq, bs, HKV, D, device=dev, dtype=dt)
-    v = torch.randn_like(k)
-    tables = torch.randperm(batch * per_seq, device=dev).view(batch, per_seq).to(torch.int32)
-    lens = torch.full((batch,), ctx, device=dev, dtype=torch.int32)
-    return torch.randn(batch, H, D, device=dev, dtype=dt), k, v, tables, lens
-
-
-rows = []
-iters = cfg["iters"]
-for batch, ctx in [(64, 4096), (1, 32768)]:
-    batch, ctx = max(1, int(batch * scale)), max(64, int(ctx * scale))
-    q, k, v, t, l = paged(batch, ctx, 16)
-    nbytes = batch * ctx * HKV * D * 2 * k.element_size()
-    for split in (False, True):
-        s = timed(lambda: triton_decode.paged_decode_attention(q, k, v, t, l, split_kv=split), iters)
-        rows.append(dict(kind="decode", batch=batch, ctx=ctx, block_size=16, split=split, s=s, bytes=nbytes))
-    del q, k, v, t, l
-batch, ctx = max(1, int(64 * scale)), max(64, int(4096 * scale))
-grid = cfg["sweep"]
-for bs in grid["block_size"]:
-    q, k, v, t, l = paged(batch, ctx, bs)
-    nbytes = batch * ctx * HKV * D * 2 * k.element_size()
-    for bn in grid["block_n"]:
-        for warps in grid["num_warps"]:
-            for stages in grid["num_stages"]:
-                row = dict(kind="sweep", batch=batch, ctx=ctx, block_size=bs, block_n=bn, num_warps=warps,
-                           num_stages=stages, bytes=nbytes)
-                try:
-                    row["s"] = timed(lambda: triton_decode.paged_decode_attention(
-                        q, k, v, t, l, split_kv=False, block_n=bn, num_warps=warps, num_stages=stages), max(1, iters // 2))
-                except Exception as e:      # e.g. out of shared memory for a large tile with many stages
-                    row["error"] = f"{type(e).__name__}: {e}"[:120]
-                rows.append(row)
-    del q, k, v, t, l
-n_tok = max(16, int(8192 * scale))
-kv = torch.randn(n_tok, 3, HKV, D, device=dev, dtype=dt)
-kc = torch.zeros(-(-n_tok // 16) + 1, 16, HKV, D, device=dev, dtype=dt)
-vc = torch.zeros_like(kc)
-slots = torch.randperm(kc.shape[0] * 16, device=dev)[:n_tok]
-s = timed(lambda: triton_store_kv.store_kv(kv[:, 1], kv[:, 2], kc, vc, slots), iters)
-rows.append(dict(kind="store", tokens=n_tok, s=s, bytes=2 * 2 * n_tok * HKV * D * kv.element_size()))
-name = torch.cuda.get_device_name() if cuda else "cpu (interpreter smoke test)"
-print(json.dumps(dict(gpu=name, rows=rows)))
-'''
-
-
+# %%
 def hardware_for(device_name):
     """The minibatch.sim.hardware entry of a CUDA device name, or None if it has none."""
     table = [(r"H200", "h200"), (r"H100", "h100"), (r"A100.*80GB", "a100-80g"), (r"A100", "a100-40g"),
@@ -729,17 +665,17 @@ assert not smoke_errors and all("s" in r for r in smoke_rows), "every benchmark 
 # %% [markdown]
 # ## 17.7 测试策略
 #
-# 一个内核要交给引擎，minibatch 的做法分几层（测试都在 `tests/kernels/`）：
+# 一个内核要交给引擎，minibatch 的做法分几层（测试都在 `tests/kernel_tests/`）：
 #
 # 1. **参考实现优先**：每个 Triton 内核都有一个直白的 torch 版本（`minibatch/kernels/reference.py`），它是所有测试的“真值”，
 #    也是 17.1 节三种后端之一的基础；
-# 2. **同一套测试，两种运行方式**：`tests/kernels/conftest.py` 在没有 GPU 时设置 `TRITON_INTERPRET=1`，测试在解释器里跑；
+# 2. **同一套测试，两种运行方式**：`tests/kernel_tests/conftest.py` 在没有 GPU 时设置 `TRITON_INTERPRET=1`，测试在解释器里跑；
 #    有 GPU 时同样的测试跑编译后的内核。bf16 只能在 GPU 上测（解释器算 bf16 的 `tl.dot` 是错的，minibatch 直接拒绝），
-#    这些测试标记为 `gpu`（`tests/kernels/test_gpu.py`），没有 GPU 时跳过——跳过不等于通过，报告里要写明；
+#    这些测试标记为 `gpu`（`tests/kernel_tests/test_gpu.py`），没有 GPU 时跳过——跳过不等于通过，报告里要写明；
 # 3. **毒化缓存**（Poisoned Cache）：把不属于任何上下文的槽位都填成 NaN（未用的块、每条序列末块里没写满的部分）。内核只要多读一个槽位，
 #    输出就变成 NaN——哪怕它随后用权重 0 去乘：$0 \times \text{NaN} = \text{NaN}$，而 $0 \times$ 随机数 $= 0$ 会把这个错误藏起来；
 # 4. **边界长度与填充**：上下文取 1、$B-1$、$B$、$B+1$、$3B+5$，块表在序列末尾之后填 `-1`、`0` 或 $10^6$；
-# 5. **属性测试**：`hypothesis` 在形状空间里挑用例（`tests/kernels/test_prefill.py`），17.2 节已用在写入内核上；
+# 5. **属性测试**：`hypothesis` 在形状空间里挑用例（`tests/kernel_tests/test_prefill.py`），17.2 节已用在写入内核上；
 # 6. **端到端**：真实模型在各后端上的贪心输出逐 Token 相同（17.1 节），并与 Hugging Face `transformers` 的 `generate` 相同（`tests/test_correctness.py`）。
 #
 # 下面把第 3、5 层合在一起用在解码内核上：形状（页大小、GQA 组大小、`head_dim` 含 80、上下文含 0）、是否拆分、分区大小都由 `hypothesis` 挑，
@@ -858,7 +794,7 @@ W.interact(decode_step_explorer, model=W.Dropdown(options=list(MODELS), value="l
 #    用 $2 H_{kv} d b$ 解释；Llama-2-7B 这个批放得下吗？
 # 5. **毒化的反例。** 把 17.7 节的毒化缓存换成普通的随机数（不填 NaN），再用 `context_lens + 1` 调用内核。输出与正确结果差多少？
 #    为什么这类错误在随机数据上容易漏掉？
-# 6. （有 GPU 时）运行 17.6 节的单元格，找出扫描里最快的配置，与 `_decode_config` 的默认值比较；再用 `python benchmarks/kernels.py`
+# 6. （有 GPU 时）运行 17.6 节的单元格，找出扫描里最快的配置，与 `_decode_config` 的默认值比较；再用 `.venv/bin/python benchmarks/gpu_kernels.py`
 #    把 minibatch 的内核与 FlashInfer、flash-attn（若已安装）放在一张表里。
 #
 # <details><summary>提示与参考答案</summary>

@@ -54,7 +54,7 @@ from minibatch.viz import md_table
 
 torch.set_num_threads(1)
 
-
+# %%
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -266,12 +266,14 @@ for name, c in stop_out.items():
 base_ids = stop_out["no stop condition"].token_ids
 first_period = base_ids.index(PERIOD) + 1                       # 1-based position of the first '。'
 min10 = stop_out["... + min_tokens=10"]
-assert stop_out[f"stop_token_ids=[{PERIOD}] ('。')"].token_ids == base_ids[:first_period]
-assert min10.token_ids[:5] == base_ids[:5] and min10.token_ids[5] != PERIOD and len(min10.token_ids) > 10
-assert stop_out["stop=['花花。']"].text == "，名叫" and stop_out["stop=['一天', '有一天']"].stop_reason == "有一天"
 earliest = stop_out["stop=['一天', '有一天']"]
 full_text = stop_out["no stop condition"].text
 list_order_cut = full_text[:full_text.find("一天")]        # vLLM's rule: the first string of the list that is found
+
+# %% tags=["check"]
+assert stop_out[f"stop_token_ids=[{PERIOD}] ('。')"].token_ids == base_ids[:first_period]
+assert min10.token_ids[:5] == base_ids[:5] and min10.token_ids[5] != PERIOD and len(min10.token_ids) > 10
+assert stop_out["stop=['花花。']"].text == "，名叫" and stop_out["stop=['一天', '有一天']"].stop_reason == "有一天"
 assert earliest.text == full_text[:full_text.find("有一天")] != list_order_cut, "the two rules cut differently here"
 
 # %% [markdown]
@@ -416,6 +418,8 @@ print(raw)
 events = [e for e in raw.split("\n\n") if e]
 chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
 streamed_text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+
+# %% tags=["check"]
 assert content_type.startswith("text/event-stream") and events[-1] == "data: [DONE]"
 assert all(e.startswith("data: ") for e in events) and streamed_text == stop_out["max_tokens=5"].text
 assert chunks[-1]["usage"]["completion_tokens"] == 5
@@ -510,7 +514,7 @@ def timed_stream(prompt, max_tokens=48, seed=None):
             usage = chunk.usage
     return t0, arrivals, usage
 
-
+# %%
 solo = timed_stream(PROMPT, seed=1)
 results = [None] * 8
 threads = [threading.Thread(target=lambda k=k: results.__setitem__(k, timed_stream(PROMPT, seed=10 + k)))

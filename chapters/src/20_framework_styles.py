@@ -34,7 +34,7 @@ from minibatch.config import PRESET_NAMES
 from minibatch.presets import tgi as tgi_launcher
 from minibatch.results import capacity
 from minibatch.sim import get_model_spec, make_cost_model
-from minibatch.viz import markdown_table, md_table
+from minibatch.viz import md_table
 from minibatch.workload import load_workload
 
 SIM = {"executor": "sim", "model": "llama-2-13b", "hardware": "a100-80g"}     # the one server of this chapter
@@ -207,7 +207,7 @@ for w in RATES:
         pre = sum(res[w, AT[w], p, s]["num_preemptions"] for s in SEEDS)
         rows.append([f"{w} @ {AT[w]:g}", p, *[format(med(w, AT[w], p, k) * sc, f) + ("%" if k == "slo_attainment" else "")
                                              for k, _, sc, f in COLS], str(pre), f"{cap[w, p]:.1f}"])
-print(markdown_table(["workload @ req/s", "preset", *[c[1] for c in COLS], "preemptions", "capacity (req/s)"], rows))
+md_table(["workload @ req/s", "preset", *[c[1] for c in COLS], "preemptions", "capacity (req/s)"], rows)
 
 # %% [markdown]
 # ## 20.5 为什么不同：追溯到旋钮
@@ -222,6 +222,8 @@ chat = {p: {k: med(w, r, p, k) for k in ("ttft_p99", "tpot_p99", "slo_attainment
                                            "throughput_tok_s")} for p in PRESET_NAMES}
 pre = {p: sum(res[w, r, p, s]["num_preemptions"] for s in SEEDS) for p in PRESET_NAMES}
 optimistic, reserving = ("vllm", "sglang"), ("trtllm", "tgi")
+
+# %% tags=["check"]
 assert min(chat[p]["slo_attainment"] for p in optimistic) > max(chat[p]["slo_attainment"] for p in reserving)
 assert min(chat[p]["ttft_p99"] for p in reserving) > 1.5 * max(chat[p]["ttft_p99"] for p in optimistic)
 assert max(chat[p]["tpot_p99"] for p in reserving) < chat["vllm"]["tpot_p99"], "reserving: lower TPOT tail than vLLM"
@@ -309,9 +311,12 @@ md_table(["configuration", "SLO met", "TTFT p99 (s)", "TPOT p99 (ms)", "preempti
            f"{vmed(n)['num_preemptions']:.0f}", "; ".join(m for m in order if m != n and same(n, m)) or "—"]
           for n in order])
 tgi_like, trt_mu = vmed("vllm + policy=tgi (TGI's router)"), vmed("trtllm + admission=max_utilization")
-assert same("vllm + admission=conservative", "sglang"), "SGLang = vLLM + its admission"
 gne_only, trt = vmed("vllm + admission=guaranteed_no_evict"), vmed("trtllm")
 block_gap = abs(gne_only["ttft_p99"] / trt["ttft_p99"] - 1)
+tgi_gap = max(abs(tgi_like[k] / vmed("tgi")[k] - 1) for k in ("ttft_p99", "tpot_p99"))
+
+# %% tags=["check"]
+assert same("vllm + admission=conservative", "sglang"), "SGLang = vLLM + its admission"
 assert (gne_only["slo_attainment"], gne_only["num_preemptions"]) == (trt["slo_attainment"], 0) and block_gap < 0.03, \
     "the prose says vLLM + its admission is TensorRT-LLM up to the block size"
 assert same("vllm + admission=guaranteed_no_evict, block_size=32", "trtllm"), \
@@ -320,7 +325,6 @@ assert same("vllm + enable_chunked_prefill=False", "vllm"), "turning chunking of
 assert not same("vllm + max_num_batched_tokens=4096", "vllm"), "the 4096 budget changes a little"
 assert same("tgi + policy=continuous, admission=max_utilization", "vllm + max_num_batched_tokens=4096"), \
     "TGI without its router and reservation is vLLM with TGI's budget"
-tgi_gap = max(abs(tgi_like[k] / vmed("tgi")[k] - 1) for k in ("ttft_p99", "tpot_p99"))
 assert tgi_like["slo_attainment"] == vmed("tgi")["slo_attainment"] and tgi_like["num_preemptions"] == 0 \
     and tgi_gap < 0.02, "TGI = vLLM + its router, up to the small effect of its 4096 budget"
 assert trt_mu["slo_attainment"] > vmed("trtllm")["slo_attainment"] + 0.1 and trt_mu["num_preemptions"] > 0

@@ -248,6 +248,8 @@ plt.show()
 held = {n: max(s.num_running for s in runs[n, 1].steps) for n in ("continuous", "mlfq")}
 print("JCT by output length (s):", {k: round(v, 2) for k, v in bucket.items()}, "| most requests holding KV:", held)
 t_fc, t_ml = table["continuous"], table["mlfq"]
+
+# %% tags=["check"]
 assert t_ml["e2e_p50"] < 0.7 * t_fc["e2e_p50"] and t_ml["ttft_p99"] < t_fc["ttft_p99"] / 3, "MLFQ: p50 JCT, TTFT tail"
 assert t_ml["e2e_mean"] < t_fc["e2e_mean"], "the prose says the mean JCT also falls, if less"
 assert t_ml["e2e_p99"] > t_fc["e2e_p99"], "the prose says the p99 JCT (the longest requests) rises"
@@ -433,7 +435,7 @@ def flood_stats(res):
             "a_ttft_p50": float(np.median([q.ttft for q in res.requests if q.tenant == "A"])),
             "end": max(q.finish_time for q in res.requests)}
 
-
+# %%
 flood, flood_per_seed, b_demands = {}, {}, []
 for seed in SEEDS:
     wl_f = two_tenants(seed=seed)
@@ -470,6 +472,8 @@ print(f"tenant B asks for {b_demand:,.0f} weighted tokens/s on average (median o
 fc, vt = fl["continuous"], fl["fair"]
 half = (vt["rate_a"] + vt["rate_b"]) / 2
 b_fcfs = [q.ttft for q in sorted(flood["continuous"].requests, key=lambda q: q.arrival_time) if q.tenant == "B"]
+
+# %% tags=["check"]
 assert np.median(b_fcfs[len(b_fcfs) // 2:]) > 2 * np.median(b_fcfs[:len(b_fcfs) // 2]), "FCFS: B's TTFT grows"
 assert b_demand < 0.6 * half, "the prose says B asks for well under half of the service"
 assert fc["rate_b"] < b_demand, "the prose says under FCFS B gets less than it asks for in the window"
@@ -521,6 +525,8 @@ plt.show()
 by_demand = sorted(TENANTS, key=demand.get, reverse=True)
 busiest, quietest, quiet = by_demand[0], by_demand[-1], by_demand[1:]
 maxmin_level = (1 - mt_share["fair"][by_demand[2]] - mt_share["fair"][by_demand[3]]) / 2
+
+# %% tags=["check"]
 assert mt_share["fair"][busiest] < mt_share["continuous"][busiest], "the prose says VTC takes service from the busiest"
 assert mt_ttft["fair", quietest] < mt_ttft["continuous", quietest] / 5, "and the quietest tenant waits far less"
 assert all(mt_share["fair"][u] > demand_share[u] for u in quiet) and max(mt_ttft["fair", u] for u in quiet) < 0.5

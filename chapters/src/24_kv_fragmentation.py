@@ -217,6 +217,8 @@ plt.show()
 
 # %%
 vA, vB, vC, vH = views.values()
+
+# %% tags=["check"]
 assert vC["usage"] > vB["usage"] > vH["usage"] and vA["usage"] > vH["usage"], "the prose orders the gauges"
 assert vA["usage"] - vH["usage"] < 0.1, "A's gauge is within 10 points of the healthy one's"
 assert vA["external"] > 0.05 and vB["external"] == vC["external"] == 0, "only the contiguous allocator strands memory"
@@ -301,15 +303,9 @@ md_table(["block_size (seed 1)", "blocks", "mean running", "held empty (measured
           "table entries @4096", "block bytes / layer", "SLO att.", "TTFT p99 (s)"], rows)
 
 # %%
-for bs, row in sweep.items():
-    assert abs(row["measured"] - row["predicted"]) < 0.15 * row["predicted"], f"formula off at block_size {bs}"
-assert all(sweep[a]["measured"] < sweep[b]["measured"] for a, b in itertools.pairwise(BLOCK_SIZES))
-assert all(row["att"] == 1 for row in sweep.values()) and sweep[256]["ttft_p99"] > sweep[16]["ttft_p99"], \
-    "the prose says seed 1 meets the SLO at every block size, with a worse TTFT tail at 256"
 
 att16 = views["healthy: paged, block_size 16"]["attainment"]      # medians over the 3 seeds of 24.2
 att256 = views["B: paged, block_size 256"]["attainment"]
-assert att256 < att16, "the prose says block 256 loses SLO attainment on the median of 3 seeds"
 
 fig, ax = plt.subplots(figsize=(7, 3))
 ax.plot(BLOCK_SIZES, [sweep[b]["measured"] * 100 for b in BLOCK_SIZES], "o-", color="C3", label="measured (engine)")
@@ -320,6 +316,14 @@ ax.set_xticks(BLOCK_SIZES, [str(b) for b in BLOCK_SIZES])
 ax.grid(alpha=0.3)
 ax.legend(fontsize=8)
 plt.show()
+
+# %% tags=["check"]
+for bs, row in sweep.items():
+    assert abs(row["measured"] - row["predicted"]) < 0.15 * row["predicted"], f"formula off at block_size {bs}"
+assert all(sweep[a]["measured"] < sweep[b]["measured"] for a, b in itertools.pairwise(BLOCK_SIZES))
+assert all(row["att"] == 1 for row in sweep.values()) and sweep[256]["ttft_p99"] > sweep[16]["ttft_p99"], \
+    "the prose says seed 1 meets the SLO at every block size, with a worse TTFT tail at 256"
+assert att256 < att16, "the prose says block 256 loses SLO attainment on the median of 3 seeds"
 
 # %% [markdown]
 # 实测与公式在每个块大小上相差不到 15%：块 16 时持有而未写的槽位只占池的 {{sweep[16]['measured']:.1%}}，
@@ -401,6 +405,8 @@ fig.tight_layout()
 plt.show()
 
 rc, s500, s50, full = tr.values()
+
+# %% tags=["check"]
 assert all(tr_seed[n, sd]["swapped"] > 0 for n in list(TREATMENTS)[1:3] for sd in SEEDS) and rc["swapped"] == 0
 assert s500["swapped"] > s50["swapped"], "a smaller host tier swaps less (falls back to recompute)"
 assert max(rc["att"], s500["att"], s50["att"]) < 0.5 <= full["att"], "only more GPU memory restores the SLO"
@@ -451,6 +457,8 @@ for name, r in tiny_runs.items():
           f"outputs identical: {same}")
     assert same, "greedy outputs must not depend on where the KV was kept"
 big, small = tiny_runs["12 blocks, host tier 12"].summary(), tiny_runs["12 blocks, host tier 2"].summary()
+
+# %% tags=["check"]
 assert big["num_preemptions"] > 0 and small["num_preemptions"] > 0
 assert small["num_swapped_blocks"] < big["num_swapped_blocks"], "a 2-block host tier swaps less, recomputes the rest"
 

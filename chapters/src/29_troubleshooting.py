@@ -67,7 +67,7 @@ SLO = {"ttft": 0.8, "tpot": 0.05}
 LENGTHS = dict(input_len=uniform(150, 250), output_len=uniform(40, 120))
 DURATION, SCRAPE_S, WINDOW_S = 40.0, 1.0, 5.0
 
-
+# %%
 def poisson_segments(segments, seed):
     """Arrival times of a Poisson process whose rate is piecewise constant: [(t0, t1, rate), ...]."""
     rng = np.random.default_rng(seed)
@@ -309,10 +309,12 @@ s1, s1b = res1.summary(slo=SLO), res1b.summary(slo=SLO)
 md_table(FP_HEADER + ["SLO met"], [fp_row("incident 1", fp1) + [f"{s1['slo_attainment']:.0%}"],
                                    fp_row("same memory, conservative, 16 seqs", fp1b) + [f"{s1b['slo_attainment']:.0%}"],
                                    fp_row("memory restored (= baseline)", base_fp) + [f"{base_sum['slo_attainment']:.0%}"]])
+pool_reqs = storm_tokens // 280
+
+# %% tags=["check"]
 assert fp1["kv"] > 0.99 and fp1["preempt_s"] > 1 and fp1["tok_s"] < 0.9 * base_fp["tok_s"], "incident 1's fingerprint"
 assert fp1["running"] < SIM["max_num_seqs"] / 2 and fp1["waiting"] > 10
 assert storm_tokens < normal_tokens and storm_prefill > 1.2 * storm_prompt, "the prose: the pool is too small, recompute"
-pool_reqs = storm_tokens // 280
 assert fp1b["preempt_s"] < fp1["preempt_s"] / 4, "the prose: conservative admission and 16 seqs stop the thrash"
 assert fp1b["tok_s"] < 0.9 * base_fp["tok_s"] and s1b["slo_attainment"] < 0.5, "but the throughput does not come back"
 assert pool_reqs < base_fp["running"]
@@ -366,6 +368,8 @@ s2, s2b = res2.summary(slo=SLO), res2b.summary(slo=SLO)
 md_table(["router", "routed to 0 / 1", "TTFT p99 (s)", "TPOT p99 (ms)", "SLO met"],
          [[name, f"{s['routed'][0]} / {s['routed'][1]}", f"{s['ttft_p99']:.2f}", f"{s['tpot_p99'] * 1e3:.0f}",
            f"{s['slo_attainment']:.0%}"] for name, s in (("round_robin", s2), ("least_requests", s2b))])
+
+# %% tags=["check"]
 assert 2.7 < dec_ratio[1] < 3.3 and 0.9 < dec_ratio[0] < 1.1, "the prose: 3x a healthy machine's step, and 1x"
 assert fp2[1]["waiting"] > 20 * max(fp2[0]["waiting"], 1) and fp2[1]["preempt_s"] == 0 == fp2[0]["preempt_s"]
 assert s2b["ttft_p99"] < s2["ttft_p99"] / 5 and s2b["slo_attainment"] > s2["slo_attainment"], "least_requests helps"
@@ -421,6 +425,8 @@ except AssertionError as e:
     invariant_error = str(e)
 print(f"idle KV usage {idle_kv:.1%} (baseline {base_sc[0].values('vllm:kv_cache_usage_perc')[1][-1]:.1%}); "
       f"slope {leak_slope:.2%}/s; check_invariants: {invariant_error}")
+
+# %% tags=["check"]
 assert idle.any() and idle_kv > 0.2 and base_sc[0].values("vllm:kv_cache_usage_perc")[1][-1] == 0
 assert invariant_error != "none" and "owners" in invariant_error
 assert abs(fp3["ttft_p99"] - base_fp["ttft_p99"]) < 0.05 and res3.summary(slo=SLO)["slo_attainment"] >= 0.99
@@ -468,6 +474,8 @@ fp4b = fingerprint(sc4b)
 s4, s4b = res4.summary(slo=SLO), res4b.summary(slo=SLO)
 md_table(FP_HEADER + ["TPOT p99 (ms)"], [fp_row("budget 4096", fp4) + [f"{s4['tpot_p99'] * 1e3:.0f}"],
                                          fp_row("budget 512 (chunked)", fp4b) + [f"{s4b['tpot_p99'] * 1e3:.0f}"]])
+
+# %% tags=["check"]
 assert len(big_steps) >= 5 and big_ms_min > 5 * normal_ms and big_bucket == len(big_steps)
 assert fp4["itl_p99"] > 3 * base_fp["itl_p99"] and fp4["waiting"] <= 3 and fp4["preempt_s"] == 0
 assert fp4b["itl_p99"] < fp4["itl_p99"] / 3, "chunking with a small budget removes the stalls"
@@ -511,6 +519,8 @@ fp5b = fingerprint(sc5b)
 s5, s5b = res5.summary(slo=SLO), res5b.summary(slo=SLO)
 md_table(FP_HEADER + ["SLO met"], [fp_row("one replica", fp5) + [f"{s5['slo_attainment']:.0%}"],
                                    fp_row("two replicas", fp5b) + [f"{s5b['slo_attainment']:.0%}"]])
+
+# %% tags=["check"]
 assert fp5["running"] == SIM["max_num_seqs"] and fp5["preempt_s"] == 0 and fp5["ttft_p99"] > 3
 assert 18 < surge_slope + surge_mu < 30, "the waiting slope plus the completion rate recovers the 24 QPS surge"
 assert s5b["slo_attainment"] >= 0.95 and fp5b["waiting"] < fp5["waiting"] / 5, "two replicas absorb the surge"
@@ -551,6 +561,8 @@ s6b = res6b.summary(slo=SLO)
 md_table(["replicas", "re-dispatched", "completed", "TTFT p99 (s)", "SLO met"],
          [[n, r.extra["redispatched"], f"{s['completed']} / {len(r.requests)}", f"{s['ttft_p99']:.2f}",
            f"{s['slo_attainment']:.0%}"] for n, r, s in ((2, res6, s6), (3, res6b, s6b))])
+
+# %% tags=["check"]
 assert fp6[1]["up_min"] == 0 and fp6[0]["up_min"] == 1 and res6.extra["redispatched"] > 0
 assert s6["completed"] == len(res6.requests) and s6b["completed"] == len(res6b.requests), "no request is lost"
 assert fp6[0]["waiting"] > 50 and s6["slo_attainment"] < 0.6 and s6b["slo_attainment"] >= 0.95
@@ -605,7 +617,7 @@ def server_ttft(before, after):
 def successes(page):
     return sum(v for (name, _), v in page.items() if name == "vllm:request_success_total")
 
-
+# %%
 port = free_port()
 base = f"http://127.0.0.1:{port}"
 log = tempfile.TemporaryFile()
@@ -655,6 +667,8 @@ md_table(["round", "client TTFT mean (s)", "server TTFT mean (s)", "requests OK 
 gap_healthy = rounds["healthy"]["client_ttft"] - rounds["healthy"]["server"][0]
 gap_slow = rounds["slow 0.15 s"]["client_ttft"] - rounds["slow 0.15 s"]["server"][0]
 err = rounds["error 50%"]
+
+# %% tags=["check"]
 assert gap_slow > gap_healthy + 0.1, "the delay before the engine shows at the client, not in the server's TTFT"
 assert err["failed"] > 0 and err["counted"] == err["ok"], "errors before the engine are not in vllm's counters"
 assert server.poll() is not None, "the server process was stopped"
