@@ -21,6 +21,7 @@ from typing import Callable
 
 from minibatch.config import EngineConfig
 from minibatch.engine import LLMEngine
+from minibatch.gc_tuning import with_fewer_gc_passes
 from minibatch.results import RequestRecord, RunResult
 from minibatch.sampling_params import SamplingParams
 
@@ -98,6 +99,7 @@ def _prepare_workload(workload, engine: LLMEngine, seed: int):
     return specs
 
 
+@with_fewer_gc_passes
 def run(workload, config: EngineConfig | None = None, clock: str = "virtual", *,
         controller: RunController | None = None, on_step: Callable | None = None,
         pace: float | None = None, max_steps: int | None = None, progress: bool = False,

@@ -63,6 +63,7 @@ from minibatch.cluster import routers as _routers
 from minibatch.cluster.replica import Replica
 from minibatch.config import EngineConfig
 from minibatch.engine import LLMEngine
+from minibatch.gc_tuning import with_fewer_gc_passes
 from minibatch.results import RequestRecord, RunResult, summarize
 from minibatch.runner import _prepare_workload
 from minibatch.sampling_params import SamplingParams
@@ -304,6 +305,7 @@ class _GPU:
             hand_over(slot, spec, rid, t)
 
 
+@with_fewer_gc_passes
 def run(workload, placement, mode: str = "partition", hardware: str = "a100-80g", *,
         models: dict[str, str] | None = None, shares: dict[str, float] | None = None,
         router="least_requests", router_kwargs: dict | None = None, max_slice_s: float = 5.0,

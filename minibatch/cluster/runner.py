@@ -29,6 +29,7 @@ from minibatch.cluster import routers as _routers
 from minibatch.cluster.replica import Replica
 from minibatch.config import EngineConfig
 from minibatch.engine import LLMEngine
+from minibatch.gc_tuning import with_fewer_gc_passes
 from minibatch.results import RequestRecord, RunResult, summarize
 from minibatch.runner import _prepare_workload
 from minibatch.sampling_params import SamplingParams
@@ -104,6 +105,7 @@ def _replica_models(replicas: int, model, models) -> list[str]:
     return out
 
 
+@with_fewer_gc_passes
 def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim", model: str = "tiny",
         hardware: str | None = None, *, models=None, router_kwargs: dict | None = None,
         engines: list[LLMEngine] | None = None, keep_tokens: bool | None = None,
