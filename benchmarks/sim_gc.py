@@ -1,4 +1,4 @@
-"""How much of a simulated cluster run the cyclic garbage collector costs (minibatch.gc_tuning).
+"""How much of a simulated cluster run the cyclic garbage collector costs (minibatch.runner).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/sim_gc.py [--rounds 5]
 
@@ -18,7 +18,7 @@ import time
 
 from minibatch import cluster
 from minibatch.cluster import Disaggregation
-from minibatch.gc_tuning import RUN_THRESHOLDS
+from minibatch.runner import RUN_THRESHOLDS
 from minibatch.workload import lognormal, synthetic
 
 ENGINE = dict(executor="sim", model="llama-3-8b", hardware="a100-80g")

@@ -1,11 +1,11 @@
-"""minibatch.gc_tuning: runs collect the young generation less often, and put the thresholds back."""
+"""minibatch.runner: runs collect the young generation less often, and put the thresholds back."""
 
 import gc
 
 import pytest
 
 from minibatch import cluster
-from minibatch.gc_tuning import RUN_THRESHOLDS, fewer_gc_passes
+from minibatch.runner import RUN_THRESHOLDS, fewer_gc_passes
 from minibatch.runner import run
 from minibatch.workload import synthetic
 

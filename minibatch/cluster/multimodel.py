@@ -63,9 +63,8 @@ from minibatch.cluster import routers as _routers
 from minibatch.cluster.replica import Replica
 from minibatch.config import EngineConfig
 from minibatch.engine import LLMEngine
-from minibatch.gc_tuning import with_fewer_gc_passes
 from minibatch.results import RequestRecord, RunResult, summarize
-from minibatch.runner import _prepare_workload
+from minibatch.runner import _prepare_workload, with_fewer_gc_passes
 from minibatch.sampling_params import SamplingParams
 from minibatch.sim.cost_model import DEFAULT_ACTIVATION_RESERVE_BYTES, ModelDoesNotFitError, make_cost_model
 from minibatch.swap import HOST_LINK_BYTES_PER_S

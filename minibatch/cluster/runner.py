@@ -29,9 +29,8 @@ from minibatch.cluster import routers as _routers
 from minibatch.cluster.replica import Replica
 from minibatch.config import EngineConfig
 from minibatch.engine import LLMEngine
-from minibatch.gc_tuning import with_fewer_gc_passes
 from minibatch.results import RequestRecord, RunResult, summarize
-from minibatch.runner import _prepare_workload
+from minibatch.runner import _prepare_workload, with_fewer_gc_passes
 from minibatch.sampling_params import SamplingParams
 
 _EPS = 1e-12   # minibatch.run's tolerance: an arrival due within it of a step's start joins that step
