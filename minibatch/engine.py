@@ -222,8 +222,7 @@ class LLMEngine:
                 self._finish(req, RequestStatus.FINISHED_ABORTED)
                 touched.append(req)
         policy.on_step(items, now)
-        reserved, internal = self.kv.waste_slots(self.scheduler.running)
-        frag_reserved, frag_internal = self.kv.fragmentation_slots(self.scheduler.running)
+        reserved, internal, frag_reserved, frag_internal = self.kv.slot_stats(self.scheduler.running)
         slots = self.kv.num_blocks * self.kv.block_size
         swapped_out, swapped_in = self._swap_counts_since_last_record()
         self.steps.append(StepRecord(

@@ -486,6 +486,25 @@ class KVCacheManager:
             internal += max(0, held - final)
         return reserved, internal
 
+    def slot_stats(self, requests) -> tuple[int, int, int, int]:
+        """:meth:`waste_slots` and :meth:`fragmentation_slots` in one pass over ``requests``
+        (the engine records all four every step): ``(reserved_unused, internal,
+        reserved, internal_fragmentation)``."""
+        bs, tables = self.block_size, self.req_blocks
+        unused = waste = reserved = frag = 0
+        for req in requests:
+            k = len(tables.get(req.request_id, ()))
+            if not k:
+                continue
+            c, held = req.num_computed_tokens, k * bs
+            filled = min(k, -(-c // bs))
+            unused += (k - filled) * bs
+            waste += filled * bs - min(c, filled * bs)
+            final = max(self.planned_len(req) - 1, c)
+            reserved += max(0, min(held, final) - c)
+            frag += max(0, held - final)
+        return unused, waste, reserved, frag
+
     def take_stranded_blocks(self) -> int:
         """Free blocks at the last external-fragmentation refusal since the previous call
         (0 if none): memory that sat free while a request that would fit in it waited."""
