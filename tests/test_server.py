@@ -294,7 +294,7 @@ def test_metrics_page_has_vllms_names_and_parses(client, server):
                 "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter",
                 "vllm:request_success": "counter", "vllm:prefix_cache_queries": "counter",
                 "vllm:time_to_first_token_seconds": "histogram", "vllm:time_per_output_token_seconds": "histogram",
-                "vllm:e2e_request_latency_seconds": "histogram", "vllm:request_queue_time_seconds": "histogram",
+                "vllm:inter_token_latency_seconds": "histogram", "vllm:e2e_request_latency_seconds": "histogram", "vllm:request_queue_time_seconds": "histogram",
                 "vllm:request_prompt_tokens": "histogram", "vllm:iteration_tokens_total": "histogram"}
     for name, kind in expected.items():
         assert families[name].type == kind, (name, families[name].type)
@@ -311,6 +311,8 @@ def test_metrics_page_has_vllms_names_and_parses(client, server):
     assert delta("vllm:e2e_request_latency_seconds_count") == 1
     assert delta("vllm:time_to_first_token_seconds_count") == 1
     assert delta("vllm:time_per_output_token_seconds_count") == 4      # one per gap between 5 tokens
+    assert delta("vllm:inter_token_latency_seconds_count") == 4        # vLLM's newer name for the same
+    assert metric(page, "vllm:inter_token_latency_seconds_sum") == metric(page, "vllm:time_per_output_token_seconds_sum")
     assert delta("vllm:request_generation_tokens_sum") == 5
 
 

@@ -20,6 +20,7 @@ series, in which ``vllm:gpu_cache_usage_perc`` is the deprecated alias of
 ``vllm:request_success_total``         counter    finished requests, by ``finished_reason``
 ``vllm:time_to_first_token_seconds``   histogram  TTFT per request
 ``vllm:time_per_output_token_seconds`` histogram  every gap between two output tokens (as vLLM)
+``vllm:inter_token_latency_seconds``   histogram  the same (vLLM's newer name, v0.10.2 on)
 ``vllm:e2e_request_latency_seconds``   histogram  end-to-end latency per request
 ``vllm:request_queue_time_seconds``    histogram  arrival to first scheduling per request
 ``vllm:request_prompt_tokens``         histogram  prompt length per request
@@ -184,8 +185,13 @@ class ServingMetrics:
         self.rejected = {r: rejected.labels(*labels, r) for r in REJECTION_REASONS}
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               TTFT_BUCKETS)
+        # vLLM renamed this histogram (vllm/v1/metrics/loggers.py: the new name from v0.10.2, the old one
+        # "Deprecated in 0.11", hidden in 0.12): both names, the same observations, as v0.11 exports them.
         self.tpot = histogram("vllm:time_per_output_token_seconds",
-                              "Histogram of time per output token in seconds.", TPOT_BUCKETS)
+                              "Histogram of time per output token in seconds."
+                              "DEPRECATED: Use vllm:inter_token_latency_seconds instead.", TPOT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             TPOT_BUCKETS)
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                              REQUEST_LATENCY_BUCKETS)
         self.queue_time = histogram("vllm:request_queue_time_seconds",
@@ -207,6 +213,7 @@ class ServingMetrics:
             times = req.token_times
             if len(times) >= 2:
                 self.tpot.observe(times[-1] - times[-2])
+                self.itl.observe(times[-1] - times[-2])
         elif event == "first_token":
             self.prompt_tokens.inc(req.num_prompt_tokens)
             self.ttft.observe(req.first_token_time - req.arrival_time)
