@@ -60,6 +60,12 @@ print("minibatch", minibatch.__version__)
 # | `vllm:prefix_cache_queries_total` / `vllm:prefix_cache_hits_total` | counter | 前缀缓存查询 / 命中的 Token 数 |
 # | `minibatch:kv_cache_used_blocks` / `minibatch:kv_cache_total_blocks` | gauge | 块数本身（minibatch 自己的） |
 #
+# 指标名随 vLLM 版本变过，照旧教程配的面板可能查不到数据。KV 占用率在 v0.9.2 由 `vllm:gpu_cache_usage_perc`
+# 改名为 `vllm:kv_cache_usage_perc`：v0.10 两个名字都在（旧名的说明写着 “DEPRECATED”），v0.11 起旧名隐藏，
+# 要加 `--show-hidden-metrics-for-version=0.10` 才出现，v0.12 删除（`vllm/v1/metrics/loggers.py` 在 v0.11.0 的注释：
+# “Deprecated in 0.9.2 - Renamed as vllm:kv_cache_usage_perc”）。minibatch 两个名字都导出，旧面板与新面板都能用。
+# 延迟直方图的同类改名见第 29 章（`vllm:inter_token_latency_seconds`）。
+#
 # 它们都只回答“占了多少块”。被占用的块里装了什么，要看引擎的逐步统计。设池有 $N$ 块、每块 $B$ 个槽位，
 # 某一步运行中的请求持有 $U$ 块。按第 6 章的分类（vLLM 论文 §3；`KVCacheManager.fragmentation_slots`），
 # 被占用的 $UB$ 个槽位分成已写入的 Token 状态 $T$、将来还会写的预留 $R$、直到结束都不会写的内部碎片 $I$；

@@ -125,8 +125,15 @@ print(f"{len(base_wl)} requests in {DURATION:.0f} s; SLO {SLO} per request")
 # | `vllm:num_preemptions` | Counter | 累计抢占次数 | `rate(vllm:num_preemptions_total[5s])` |
 # | `vllm:generation_tokens` | Counter | 累计生成的 Token | `rate(...)` 即输出吞吐 |
 # | `vllm:time_to_first_token_seconds` | Histogram | 每个请求的 TTFT | `histogram_quantile(0.99, rate(..._bucket[5s]))` |
-# | `vllm:time_per_output_token_seconds` | Histogram | **每一个** Token 间隔（即 ITL，不是每请求的 TPOT） | p99 的尖峰 = 生成停顿 |
+# | `vllm:inter_token_latency_seconds`（旧名 `vllm:time_per_output_token_seconds`） | Histogram | **每一个** Token 间隔（即 ITL，不是每请求的 TPOT） | p99 的尖峰 = 生成停顿 |
 # | `vllm:iteration_tokens_total` | Histogram | 每一步计算的 Token 数 | 大步（长预填充）出现在高桶 |
+#
+# **两个版本的名字。** Token 间隔直方图在 vLLM 0.10 叫 `vllm:time_per_output_token_seconds`；v0.10.2 加了新名
+# `vllm:inter_token_latency_seconds`，旧名的说明改成 “DEPRECATED: Use vllm:inter_token_latency_seconds instead.”；
+# v0.11.0 两个都导出（`vllm/v1/metrics/loggers.py` 的注释 “Deprecated in 0.11 - Renamed as vllm:inter_token_latency_seconds”），
+# v0.12 起旧名只在 `--show-hidden-metrics-for-version=0.11` 时出现，之后删除。照 vLLM 0.10 写的告警规则在新版本上会“静默”——
+# 查不到序列，不是没有停顿。minibatch 两个名字都导出（同一组观测），本章的查询用旧名，换成新名结果相同。
+# 要每请求的 TPOT，新版 vLLM 另有 `vllm:request_time_per_output_token_seconds`（minibatch 没有导出它）。
 #
 # 三种类型：**仪表**（Gauge）是当前值，可升可降；**计数器**（Counter）只增不减，面板上画的是它的增长速率；
 # **直方图**（Histogram）在客户端按预先定好的桶（Bucket）计数，`le`（less or equal）标签是桶的上界，每个桶计“不超过上界”的观测数（累积）。
