@@ -501,15 +501,17 @@ client = openai.OpenAI(base_url=BASE + "/v1", api_key="unused", max_retries=0, t
 
 
 def timed_stream(prompt, max_tokens=48, seed=None):
-    """(send time, [(arrival time, text)], usage) of one streamed completion."""
+    """(send time, [(arrival time, text, tokens in the event)], usage) of one streamed completion; ``logprobs=0``
+    makes each event list its tokens (``logprobs.tokens``), so an event that carries several can be counted."""
     t0 = time.perf_counter()
     stream = client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=1.0, seed=seed,
-                                       stream=True, stream_options={"include_usage": True},
+                                       stream=True, stream_options={"include_usage": True}, logprobs=0,
                                        extra_body={"ignore_eos": True})
     arrivals, usage = [], None
     for chunk in stream:
         if chunk.choices:
-            arrivals.append((time.perf_counter(), chunk.choices[0].text))
+            c = chunk.choices[0]
+            arrivals.append((time.perf_counter(), c.text, len(c.logprobs.tokens)))
         if chunk.usage is not None:
             usage = chunk.usage
     return t0, arrivals, usage
@@ -527,11 +529,11 @@ assert all(r is not None and r[2].completion_tokens == 48 for r in [solo, *resul
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.2))
 for k, (t0, arr, usage) in enumerate([solo] + results):
-    ts = np.array([a for a, _ in arr]) - t0
+    ts = np.array([a for a, *_ in arr]) - t0
     ax1.step(ts, np.arange(1, len(ts) + 1), where="post", color="k" if k == 0 else "C1", lw=1.5 if k == 0 else 0.8,
              label="alone" if k == 0 else ("8 at once" if k == 1 else None))
-itl_solo = np.diff([a for a, _ in solo[1]]) * 1e3
-itl_crowd = np.concatenate([np.diff([a for a, _ in r[1]]) * 1e3 for r in results])
+itl_solo = np.diff([a for a, *_ in solo[1]]) * 1e3
+itl_crowd = np.concatenate([np.diff([a for a, *_ in r[1]]) * 1e3 for r in results])
 ax1.set(xlabel="seconds since the request was sent", ylabel="events received", title="Streaming timeline (SSE events)")
 ax1.legend(fontsize=8)
 ax2.hist(itl_solo, bins=30, alpha=0.7, density=True, label=f"alone: p50 {np.median(itl_solo):.1f} ms")
@@ -548,6 +550,39 @@ print(f"events per stream: {events_per_stream} (48 tokens each); TTFT alone {(so
 # %% [markdown]
 # 8 个请求同时流式时，它们在引擎里同批解码：每一步更长一点（批更大），每个请求的事件间隔随之变长——这就是第 5 章连续批处理在客户端看到的样子。
 # 事件数可能略少于 48：读得慢的那一刻，几个 Token 并进了一个事件。
+#
+# **按事件的 ITL 与按 Token 的 ITL。** 一个携带 $k$ 个 Token、与上一个事件相隔 $g$ 的事件，按事件算是一个间隔 $g$，
+# 按 Token 算是 $k$ 个间隔 $g/k$（把事件的间隔平分给它带来的 Token）。事件合并的地方，前者偏大、后者把合并摊开；
+# 合并最常见于**第一个事件**：第一个 Token 由预填充步产生，响应头、第一次写出要等发事件的协程被调度，
+# 冷启动或机器繁忙时这段时间里引擎已经又解码了一两步，它们就一起出现在第一个事件里（18.5 节的“一个事件携带上次以来的全部 Token”）。
+# 每个事件的 `logprobs.tokens` 列出它带的 Token（请求里设 `logprobs=0`），下面据此把两种 ITL 都算出来：
+
+# %%
+def per_token_itl(arrivals):
+    """Each event's gap to the previous one, split evenly over the tokens the event carries."""
+    return np.concatenate([[(b - a) / k * 1e3] * k for (a, *_), (b, _, k) in zip(arrivals, arrivals[1:])])
+
+
+streams = [solo, *results]
+first_tokens = [r[1][0][2] for r in streams]
+merged = sum(1 for r in streams for _, _, k in r[1] if k > 1)
+tok_crowd = np.concatenate([per_token_itl(r[1]) for r in results])
+md_table(["8 at once (ms)", "p50", "p90", "p99", "gaps"],
+         [["per event", f"{np.median(itl_crowd):.1f}", f"{np.percentile(itl_crowd, 90):.1f}",
+           f"{np.percentile(itl_crowd, 99):.1f}", len(itl_crowd)],
+          ["per token", f"{np.median(tok_crowd):.1f}", f"{np.percentile(tok_crowd, 90):.1f}",
+           f"{np.percentile(tok_crowd, 99):.1f}", len(tok_crowd)]])
+print(f"tokens in the first event of each stream: {first_tokens}; events carrying more than one token: {merged}")
+
+# %% tags=["check"]
+assert all(sum(k for *_, k in r[1]) == 48 for r in streams), "the events' token lists add up to the 48 tokens"
+assert len(tok_crowd) == sum(48 - r[1][0][2] for r in results), "one per-token gap per token after the first event"
+
+# %% [markdown]
+# 这一次，{{len(streams)}} 个流的第一个事件分别带了 {{first_tokens}} 个 Token，全部事件中有 {{merged}} 个带了不止一个 Token。
+# 数 Token 的间隔时，事件合并不会让 p99 虚高；数事件的间隔时，一个合并的事件既是一个长间隔、又“吃掉”了几个短间隔。
+# 压测工具报告 ITL 时要说明是哪一种（第 8 章）；`vllm:inter_token_latency_seconds` 在服务端按**每次输出**记录，
+# 一次输出带多个 Token（例如投机解码）时同样会比逐 Token 的间隔大（vLLM 的 PR #52853 提议为此改写它的说明文字，2026-08 提出，尚未合并）。
 #
 # ## 18.6 客户端断开：中止请求、释放 KV
 #
