@@ -86,6 +86,9 @@ md_table(["preset", "knob", "value", "source (file and name in the framework's r
 #   再截到 `max_position_embeddings` 与显存允许的值；`PREFILL_CHUNKING` 默认为 1
 #   （`server/text_generation_server/models/globals.py`），此时 `backends/v3/src/backend.rs` 忽略 `max_waiting_tokens` 与
 #   `waiting_served_ratio`；`backends/v3/src/queue.rs` 的 `next_batch` 为每个请求预留 `input + max_new_tokens − 1`（加投机解码的 Token 数）个 Token 的块，TGI 从不抢占。
+#   TGI 自 2025-12 起处于维护模式（Maintenance Mode）：README 开头的 CAUTION 写道 “text-generation-inference is now in
+#   maintenance mode”（commit `55f7f7cb`，PR #3344，2025-12-11），只接受小修复与文档改进，并推荐改用 vLLM、SGLang；
+#   本章仍把它作为“路由器按 Token 预算组批、按最坏情况预留”这一风格的代表（第 16 章）。
 #
 # TGI 的预填充预算是按公式算出来的（第 16 章 16.1 节）。`Config::flop` 每层数 Q、注意力、O 三个 $2Hd\,h_\text{model}$ 项与
 # K、V 两个 $2H_{kv}d\,h_\text{model}$ 项，加上 MLP 的 $2 \cdot 3 \cdot h_\text{model} \cdot i$，乘以层数；`minibatch.presets.tgi` 照这段代码实现：
