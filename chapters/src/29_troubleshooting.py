@@ -690,8 +690,13 @@ assert server.poll() is not None, "the server process was stopped"
 #   第 8 章的压测客户端就是客户端视角。
 # - **`error`**：{{err["failed"]}} 个请求在进入引擎之前就被回了 500，`vllm:request_success_total` 只增加了成功的
 #   {{err["counted"]:.0f}} 个——vLLM 风格的引擎指标里根本没有这些失败。错误率要从路由器（minibatch 路由器的
-#   `minibatch_router_upstream_errors`，`minibatch/serving/router.py`）或负载均衡器的 5xx 计数看；路由器会把出错的上游标为不健康、
-#   把请求重试到别的副本，这正是事故 6 的重新分发在 HTTP 层的样子。
+#   `minibatch_router_upstream_errors`，按 `kind` 分为 connect、status、timeout、stall、stream_cut，定义在
+#   `minibatch/serving/upstreams.py` 的 `RouterMetrics`）或负载均衡器的 5xx 计数看；路由器会把出错的上游标为不健康、
+#   把请求重试到别的副本，这正是事故 6 的重新分发在 HTTP 层的样子。上游冻住（进程还在、不出 Token）时不会有 5xx：
+#   `kind="stall"` 计的是首 Token 或 Token 间超时（路由器的 `--first-token-timeout`、`--inter-token-timeout`），
+#   超时后（`minibatch/serving/relay.py`）：还没发出 Token 的请求原样改发到别的副本；已发出 Token 的贪心补全请求带着已发的 Token
+#   在别的副本上续写（`minibatch_router_retries{kind="resume"}`）；对话流与采样请求以 OpenAI 格式的错误事件结束
+#   （`minibatch_router_stream_errors`）——流从不“静默地变短”。
 #
 # ## 29.6 运行手册：症状 → 指标 → 原因 → 修复
 #
