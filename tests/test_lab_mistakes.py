@@ -467,6 +467,23 @@ class MyPolicy(MLFQPolicy):
 
 # -- L10 · routers ----------------------------------------------------------------------
 MISTAKES += [
+    Mistake("L10", "delegates-to-LeastRequests", 1, "task-1", '''\
+@register
+class ShortestQueue(Router):
+    """Fewest unfinished requests (running + waiting); ties to the lowest position."""
+
+    name = "l10_least"
+
+    def choose(self, request, replicas: list[ReplicaView], now: float) -> int:
+        return LeastRequests().choose(request, replicas, now)
+''', says="LeastRequests.choose ran inside yours", hidden_only=True),
+    Mistake("L10", "subclasses-LeastRequests", 1, "task-1", '''\
+@register
+class ShortestQueue(LeastRequests):
+    """Fewest unfinished requests (running + waiting); ties to the lowest position."""
+
+    name = "l10_least"
+''', says="LeastRequests.choose ran inside yours", hidden_only=True),
     Mistake("L10", "returns-the-replica-index", 1, "task-1", edit(
         "L10", "task-1", "return min(range(len(replicas)), key=lambda i: (replicas[i].num_requests, i))",
         "return min(replicas, key=lambda v: v.num_requests).index"),
