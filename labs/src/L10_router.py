@@ -605,7 +605,8 @@ plt.show()
 other = skewed(8)
 lr8, mine8 = evaluate("least_requests", other), evaluate_mine(other)
 assert mine8["ttft_p90"] <= 0.65 * lr8["ttft_p90"], \
-    f"unseen seed: TTFT p90 must be <= 65% of least_requests' {lr8['ttft_p90']:.2f} s; yours {mine8['ttft_p90']:.2f} s"
+    (f"unseen seed: TTFT p90 must be <= 65% of least_requests' on the same seed; yours is "
+     f"{mine8['ttft_p90'] / lr8['ttft_p90']:.0%} of it")          # a ratio: the hidden seed's figures stay hidden
 print("unseen workload seed: the threshold is met")
 
 # %% [markdown]
