@@ -457,16 +457,7 @@ class KVCacheManager:
         reserved-but-unused = ``(k - ceil(c / B)) * B``; internal (last-block) waste =
         ``ceil(c / B) * B - c``. Shared prefix blocks are full, so nothing counts twice.
         """
-        bs = self.block_size
-        reserved = internal = 0
-        for req in requests:
-            k = len(self.req_blocks.get(req.request_id, ()))
-            if not k:
-                continue
-            filled = min(k, self.blocks_for(req.num_computed_tokens))
-            reserved += (k - filled) * bs
-            internal += filled * bs - min(req.num_computed_tokens, filled * bs)
-        return reserved, internal
+        return self.slot_stats(requests)[:2]
 
     def fragmentation_slots(self, requests) -> tuple[int, int]:
         """``(reserved, internal_fragmentation)`` slots over ``requests``, as the vLLM paper
@@ -475,21 +466,12 @@ class KVCacheManager:
         fragmentation, ``max(0, k * B - w)``; ``c`` its computed tokens, ``w`` the slots it
         writes by its end, ``planned_len - 1`` (the last generated token's K/V is never
         computed). Shared prefix blocks are full and written, so nothing counts twice."""
-        bs = self.block_size
-        reserved = internal = 0
-        for req in requests:
-            held = len(self.req_blocks.get(req.request_id, ())) * bs
-            if not held:
-                continue
-            final = max(self.planned_len(req) - 1, req.num_computed_tokens)
-            reserved += max(0, min(held, final) - req.num_computed_tokens)
-            internal += max(0, held - final)
-        return reserved, internal
+        return self.slot_stats(requests)[2:]
 
     def slot_stats(self, requests) -> tuple[int, int, int, int]:
-        """:meth:`waste_slots` and :meth:`fragmentation_slots` in one pass over ``requests``
-        (the engine records all four every step): ``(reserved_unused, internal,
-        reserved, internal_fragmentation)``."""
+        """``(reserved_unused, internal, reserved, internal_fragmentation)``: the slot counts of
+        :meth:`waste_slots` and :meth:`fragmentation_slots` (their docstrings define them) in one
+        pass over ``requests``, as the engine records all four every step."""
         bs, tables = self.block_size, self.req_blocks
         unused = waste = reserved = frag = 0
         for req in requests:

@@ -48,21 +48,27 @@ def test_stored_chapters_show_no_bare_widget_text():
                       "(python tools/build_notebooks.py --stills)")
 
 
+def _interact_notebook(area_outputs: list, text: str) -> tuple[dict, dict]:
+    """A stored notebook with one ``interact`` widget view (a VBox of a slider and an Output area
+    that produced ``area_outputs``), and that view's output: what nbclient saves."""
+    state = {"box": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_slider", "IPY_MODEL_out"]}},
+             "slider": {"model_name": "IntSliderModel", "state": {}},
+             "out": {"model_name": "OutputModel", "state": {"outputs": area_outputs}}}
+    view = {"output_type": "display_data", "metadata": {},
+            "data": {WIDGET: {"model_id": "box", "version_major": 2, "version_minor": 0}, "text/plain": text}}
+    nb = {"metadata": {"widgets": {"application/vnd.jupyter.widget-state+json": {"state": state}}},
+          "cells": [{"cell_type": "code", "outputs": [view]}]}
+    return nb, view
+
+
 def test_interact_widgets_get_the_figure_their_output_area_drew():
     """builder.add_widget_stills: an ``interactive`` VBox whose child Output area drew a PNG."""
     from minibatch.labs.builder import WIDGET_HINT, add_widget_stills
 
     png = base64.b64encode(PNG + b"rest").decode()
-    state = {"box": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_slider", "IPY_MODEL_out"]}},
-             "slider": {"model_name": "IntSliderModel", "state": {}},
-             "out": {"model_name": "OutputModel", "state": {"outputs": [
-                 {"output_type": "stream", "name": "stdout", "text": "x"},
-                 {"output_type": "display_data", "data": {"image/png": png, "text/plain": "<Figure>"}}]}}}
-    view = {"output_type": "display_data", "metadata": {},
-            "data": {WIDGET: {"model_id": "box", "version_major": 2, "version_minor": 0},
-                     "text/plain": "interactive(children=(IntSlider(value=1),))"}}
-    nb = {"metadata": {"widgets": {"application/vnd.jupyter.widget-state+json": {"state": state}}},
-          "cells": [{"cell_type": "code", "outputs": [view]}]}
+    nb, view = _interact_notebook([{"output_type": "stream", "name": "stdout", "text": "x"},
+                                   {"output_type": "display_data", "data": {"image/png": png, "text/plain": "<Figure>"}}],
+                                  "interactive(children=(IntSlider(value=1),))")
     assert add_widget_stills(nb) == 1
     assert view["data"]["image/png"] == png and view["data"]["text/plain"] == WIDGET_HINT
     assert WIDGET in view["data"]                       # a live kernel still renders the widget
@@ -112,15 +118,8 @@ def test_an_explorer_that_prints_keeps_what_it_printed_first():
     stores that text (and a hint) instead of ``VBox(children=...)``; running it again changes nothing."""
     from minibatch.labs.builder import WIDGET_TEXT_HINT, add_widget_stills
 
-    state = {"box": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_slider", "IPY_MODEL_out"]}},
-             "slider": {"model_name": "IntSliderModel", "state": {}},
-             "out": {"model_name": "OutputModel", "state": {"outputs": [
-                 {"output_type": "stream", "name": "stdout", "text": "KV capacity: 61,284 tokens\n"}]}}}
-    view = {"output_type": "display_data", "metadata": {},
-            "data": {WIDGET: {"model_id": "box", "version_major": 2, "version_minor": 0},
-                     "text/plain": "VBox(children=(IntSlider(value=1),))"}}
-    nb = {"metadata": {"widgets": {"application/vnd.jupyter.widget-state+json": {"state": state}}},
-          "cells": [{"cell_type": "code", "outputs": [view]}]}
+    nb, view = _interact_notebook([{"output_type": "stream", "name": "stdout", "text": "KV capacity: 61,284 tokens\n"}],
+                                  "VBox(children=(IntSlider(value=1),))")
     assert add_widget_stills(nb) == 1
     assert view["data"]["text/plain"] == "KV capacity: 61,284 tokens\n" + WIDGET_TEXT_HINT
     assert "image/png" not in view["data"] and add_widget_stills(nb) == 0
