@@ -502,6 +502,30 @@ class ShortestQueue(LeastRequests):
         "L10", "task-2", "return a if replicas[a].num_requests <= replicas[b].num_requests else b",
         "return min((a, b), key=lambda i: (replicas[i].num_requests, i))"),
         says="a tie goes to the first DRAWN", hidden_only=True),
+    Mistake("L10", "subclasses-PowerOfTwo", 2, "task-2", '''\
+from minibatch.cluster.routers import PowerOfTwo
+
+
+@register
+class PowerOfTwoChoices(PowerOfTwo):
+    """Two distinct replicas drawn at random from a seeded RNG; the one with fewer unfinished requests."""
+
+    name = "l10_p2c"
+''', says="PowerOfTwo.choose ran inside yours", hidden_only=True),
+    Mistake("L10", "subclasses-Session", 3, "task-3", '''\
+@register
+class StickySession(Session):
+    """Sticky by tenant: a tenant's first request to the least loaded replica, later ones to the same replica."""
+
+    name = "l10_session"
+''', says="Session.choose ran inside yours", hidden_only=True),
+    Mistake("L10", "delegates-to-PrefixAware-in-task-4", 4, "task-4", edit(
+        "L10", "task-4", "        tokens = list(request.prompt_token_ids or [])\n",
+        "        inner = PrefixAware(self.cache_threshold, self.balance_abs_threshold, self.balance_rel_threshold)\n"
+        "        inner.trees = self.trees\n"
+        "        return inner.choose(request, replicas, now)        # the engine's rule, on my trees\n"
+        "        tokens = list(request.prompt_token_ids or [])\n"),
+        says="PrefixAware.choose ran inside yours", hidden_only=True),
     Mistake("L10", "home-is-a-position", 3, "task-3", edit(
         "L10", "task-3", "        where = {v.index: i for i, v in enumerate(replicas)}\n"
                          "        if key in self.home and self.home[key] in where:\n"

@@ -32,3 +32,15 @@ def forbid_calls(*targets: tuple[type, str], what: str = "write your own rule"):
         for cls, name, original in saved:
             setattr(cls, name, original)
     assert not calls, f"{what}: {', '.join(sorted(set(calls)))} ran inside yours"
+
+
+def router_methods() -> list[tuple[type, str]]:
+    """(class, "choose") for every router minibatch ships: what lab L10's tasks must not delegate to.
+
+    The learner's classes live in their notebook, not in ``minibatch.routing.routers``, so they are
+    never among these.
+    """
+    from minibatch.routing import routers
+
+    return [(c, "choose") for c in vars(routers).values()
+            if isinstance(c, type) and issubclass(c, routers.Router) and c is not routers.Router and "choose" in c.__dict__]
