@@ -188,6 +188,17 @@ def test_grader_reports_each_task(mini, kernel, tmp_path):
     assert "✓ task 1  double" in text and "✗ task 2  root" in text and "1/2 tasks pass" in text
 
 
+def test_a_check_that_needs_a_failed_task_names_that_task(mini, kernel, tmp_path):
+    """Task 1's cell defines nothing (a NameError in task 2's check): the report sends the learner to task 1."""
+    path = _edit(mini, tmp_path, **{"task-1": "# not written yet", "task-2": "import math\nroot = math.sqrt"})
+    report = grade(mini, path, km=kernel)
+    t1, t2 = report.tasks
+    assert not t1.passed and not t2.passed
+    assert "this check uses task 1 (double), which does not pass yet: fix that first" in t2.failures[0]
+    assert "NameError" in t2.failures[0], "the original error is still shown"
+    assert not any("does not pass yet" in f for f in t1.failures)
+
+
 def test_grader_uses_the_key_not_the_learners_check_cells_or_outputs(mini, kernel, tmp_path):
     path = _edit(mini, tmp_path, **{"task-1": "def double(x):\n    return 2 * x + 1",
                                     "check-1": "pass  # tampered", "task-2": "import math\nroot = math.sqrt"})

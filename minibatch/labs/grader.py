@@ -283,15 +283,25 @@ def _report(lab: Lab, key, ran, notebook: str, notes: list[str], aborted, timeou
     titles = _task_titles(key)
     all_tasks = sorted({t for c in cells if c.role == "task" for t in c.tasks})
     results = []
-    for t in all_tasks:
+    failed: set[int] = set()
+    for t in all_tasks:                    # in order: a check's ``needs:M`` names an earlier task
         failures = []
         for c in cells:
             if c.role == "task" and t in c.tasks and c.status == "error":
                 failures.append(f"your task cell raised {c.describe()}")
             if c.role == "check" and c.tasks == [t] and not c.ok:
-                failures.append(f"[{c.cell_id}] {c.describe()}")
+                before = [m for m in c.needs if m in failed]
+                if before:                 # the real cause is the earlier task, not this one's code
+                    names = ", ".join(f"task {m}" + (f" ({titles[m]})" if titles.get(m) else "") for m in before)
+                    failures.append(f"[{c.cell_id}] this check uses {names}, which does not pass yet: "
+                                    f"fix that first (here: {c.describe()})")
+                else:
+                    failures.append(f"[{c.cell_id}] {c.describe()}")
         checks = [c for c in cells if c.role == "check" and c.tasks == [t]]
-        results.append(TaskResult(t, titles.get(t, ""), not failures and bool(checks), failures))
+        passed = not failures and bool(checks)
+        if not passed:
+            failed.add(t)
+        results.append(TaskResult(t, titles.get(t, ""), passed, failures))
     for c in cells:
         if c.role == "context" and c.status == "error":
             notes.append(f"setup cell {c.cell_id} failed: {c.describe()}")
