@@ -93,6 +93,36 @@ class Mistake:
         return f"{self.lab}-{self.name}"
 
 
+def edit(lab_id: str, cell: str, old: str, new: str) -> str:
+    """The key's solution of ``cell`` with ``old`` (found once) replaced by ``new``."""
+    src = reference(lab_id, cell)
+    assert src.count(old) == 1, old
+    return src.replace(old, new)
+
+
+# -- L03 · continuous batching ---------------------------------------------------------
+MISTAKES = [
+    # Right on every visible check: engine_step is the engine's own answer.
+    Mistake("L03", "asks-the-engine", 2, "task-2", '''\
+def schedule_step(running: list[Request], waiting: list[Request], budget: int, max_num_seqs: int,
+                  chunked: bool) -> list[tuple[Request, int]]:
+    """One step of iteration-level FCFS scheduling under a token budget."""
+    by_id = {req.request_id: req for req in running + waiting}
+    return [(by_id[rid], n) for rid, n in engine_step(running, waiting, budget, max_num_seqs, chunked)]
+''', says="Scheduler.schedule ran inside yours", hidden_only=True),
+    # Right on every visible check: the scheduler walks running + waiting under the budget itself.
+    Mistake("L03", "order-without-schedule_step", 3, "task-3", '''\
+@register(name="l03_step")
+class StepPolicy(Policy):
+    """Iteration-level FCFS, with the step decided by your schedule_step."""
+
+    chunked = True          # run it with enable_chunked_prefill=True
+
+    def schedule_order(self, state: SchedulerState) -> list[Request]:
+        return list(state.running) + list(state.waiting)       # the scheduler applies the budget anyway
+''', says="must call schedule_step once per step", hidden_only=True),
+]
+
 # -- L06 · chunked prefill ------------------------------------------------------------
 L06_PLAN = '''\
 def plan_step(running: list[Request], waiting: list[Request], budget: int, max_num_seqs: int,
@@ -122,7 +152,7 @@ def l06_plan(old: str, new: str) -> str:
     return L06_PLAN.replace(old, new)
 
 
-MISTAKES = [
+MISTAKES += [
     Mistake("L06", "blocks-for-the-whole-prompt", 1, "task-1", l06_plan(
         "need = blocks(req.num_computed_tokens + n) - blocks(req.num_computed_tokens)",
         "need = blocks(req.num_tokens) - blocks(req.num_computed_tokens)       # KV for the whole prompt"),
@@ -390,13 +420,6 @@ class MyCachePolicy(Policy):
 
 
 # -- L09 · SJF and MLFQ -----------------------------------------------------------------
-def edit(lab_id: str, cell: str, old: str, new: str) -> str:
-    """The key's solution of ``cell`` with ``old`` (found once) replaced by ``new``."""
-    src = reference(lab_id, cell)
-    assert src.count(old) == 1, old
-    return src.replace(old, new)
-
-
 MISTAKES += [
     Mistake("L09", "remaining-ignores-generated", 1, "task-1", edit(
         "L09", "task-1", "return (max(0, predicted(req) - req.num_output_tokens), req.arrival_time)",
@@ -571,7 +594,7 @@ def test_the_cases_start_from_the_reference_solutions():
 
 
 def test_each_lab_has_mistakes_and_one_only_hidden_checks_catch():
-    for lab in ("L05", "L06", "L07", "L08", "L09", "L10"):
+    for lab in ("L03", "L05", "L06", "L07", "L08", "L09", "L10"):
         cases = [c for c in MISTAKES if c.lab == lab]
         assert len(cases) >= 2 and any(c.hidden_only for c in cases), lab
     assert len({str(c) for c in MISTAKES}) == len(MISTAKES)

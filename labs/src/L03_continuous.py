@@ -172,11 +172,20 @@ print("engine schedules:", engine_step(*example))
 r = [make_request(f"run{i}", 50, output_len=3, computed=52, running=True) for i in range(3)]
 w = [make_request("w0", 300), make_request("w1", 40), make_request("w2", 10)]
 ids = lambda step: [(req.request_id, n) for req, n in step]
-assert ids(schedule_step(r, w, 100, 8, True)) == [("run0", 1), ("run1", 1), ("run2", 1), ("w0", 97)]
-assert ids(schedule_step(r, w, 100, 8, False)) == [("run0", 1), ("run1", 1), ("run2", 1)], \
-    "without chunking w0 does not fit, and FCFS does not let w1 pass it"
-assert ids(schedule_step([], w, 100, 8, False)) == [("w0", 300)], "alone, a long prompt runs whole"
-assert ids(schedule_step(r, w, 2048, 4, True)) == [("run0", 1), ("run1", 1), ("run2", 1), ("w0", 300)]
+
+
+def expect(args, want, why):
+    got = ids(schedule_step(*args))
+    assert got == want, f"{why}\n  wanted {want}\n  yours  {got}"
+
+
+expect((r, w, 100, 8, True), [("run0", 1), ("run1", 1), ("run2", 1), ("w0", 97)],
+       "budget 100, chunked: the 3 decodes, then w0 cut to the 97 tokens left")
+expect((r, w, 100, 8, False), [("run0", 1), ("run1", 1), ("run2", 1)],
+       "budget 100, not chunked: w0 (300) does not fit, and FCFS does not let w1 pass it")
+expect(([], w, 100, 8, False), [("w0", 300)], "an empty batch, not chunked: a long prompt runs whole")
+expect((r, w, 2048, 4, True), [("run0", 1), ("run1", 1), ("run2", 1), ("w0", 300)],
+       "max_num_seqs 4: the 3 decodes and w0, then the batch is full")
 
 rng = random.Random(0)
 num_chunked = num_full = 0
@@ -184,11 +193,23 @@ for trial in range(500):
     state = random_state(rng)
     mine = ids(schedule_step(*state))
     theirs = engine_step(*state)
-    assert mine == theirs, f"state {trial}: yours {mine}\n engine {theirs}"
+    assert mine == theirs, f"random state {trial} (budget {state[2]}, max_num_seqs {state[3]}, chunked {state[4]}):\n  wanted {theirs} (the engine)\n  yours  {mine}"
     num_chunked += any(n < num_new_tokens(req) for req, n in schedule_step(*state))
     num_full += len(mine) == state[3]
 print("500 random states: identical to minibatch's Scheduler")
 print(f"({num_chunked} of them cut a prefill, {num_full} filled all max_num_seqs slots)")
+
+# %% tags=["check:2", "needs:1", "hidden"]
+from minibatch.labs.forbid import forbid_calls
+
+rng = random.Random(2323)
+for trial in range(300):
+    state = random_state(rng)
+    theirs = engine_step(*state)
+    with forbid_calls((Scheduler, "schedule"), what="write the step yourself (engine_step is for comparing)"):
+        mine = ids(schedule_step(*state))
+    assert mine == theirs, f"unseen random state {trial} (budget {state[2]}, max_num_seqs {state[3]}, chunked {state[4]}):\n  wanted {theirs}\n  yours  {mine}"
+print("300 unseen random states: identical, with the engine's Scheduler unavailable")
 
 # %% [markdown]
 # 引擎的 `Scheduler.schedule` 做的正是同一件事，外加 KV 块分配与抢占（第 9、12 章细讲）：
@@ -231,8 +252,11 @@ kw = dict(executor="sim", model="llama-2-7b", hardware="a100-80g", max_num_seqs=
           max_num_batched_tokens=512, enable_chunked_prefill=True)
 mine, ref = run(wl, policy="l03_step", **kw), run(wl, policy="continuous", **kw)
 shape = lambda res: [(s.num_seqs, s.num_prefill_tokens, s.num_decode_tokens) for s in res.steps]
-assert shape(mine) == shape(ref), "step-by-step the same batches as the engine's continuous policy"
-assert [r.ttft for r in mine.requests] == [r.ttft for r in ref.requests]
+first = next((i for i, (a, b) in enumerate(zip(shape(mine), shape(ref))) if a != b), min(len(mine.steps), len(ref.steps)))
+assert shape(mine) == shape(ref), \
+    (f"step-by-step the same batches as the engine's continuous policy: step {first} differs "
+     f"(requests, prefill tokens, decode tokens)\n  wanted {shape(ref)[first:first + 1]}\n  yours  {shape(mine)[first:first + 1]}")
+assert [r.ttft for r in mine.requests] == [r.ttft for r in ref.requests], "the same TTFT for every request as 'continuous'"
 mixed = sum(1 for s in mine.steps if s.num_prefill_tokens and s.num_decode_tokens)
 print(f"{len(mine.steps)} steps, identical to 'continuous'; {mixed} mixed prefill+decode steps")
 print(f"TTFT p50 {1000 * mine.summary()['ttft_p50']:.1f} ms, TPOT p50 {1000 * mine.summary()['tpot_p50']:.1f} ms")
@@ -254,6 +278,40 @@ ax2.legend(fontsize=8)
 plt.tight_layout()
 plt.show()
 
+# %% tags=["check:3", "needs:1", "needs:2", "hidden"]
+from minibatch.kv_cache import KVCacheManager as _KV
+from minibatch.policies import SchedulerState as _State
+
+_yours = schedule_step
+_calls = []
+
+
+def schedule_step(*args, **kwargs):          # noqa: F811  (a stand-in that picks only the LAST candidate)
+    a = inspect.signature(_yours).bind(*args, **kwargs).arguments
+    _calls.append((a["running"], a["waiting"], a["budget"], a["max_num_seqs"]))
+    everyone = list(a["running"]) + list(a["waiting"])
+    return [(everyone[-1], 1)] if everyone else []
+
+
+try:
+    rng = random.Random(3131)
+    for trial in range(50):
+        running, waiting, budget, seqs, chunked = random_state(rng)
+        if not running + waiting:
+            continue
+        st = _State(now=0.0, running=running, waiting=waiting, max_num_seqs=seqs, max_num_batched_tokens=budget,
+                    max_wait_s=0.0, kv=_KV(num_blocks=512, block_size=16))
+        n = len(_calls)
+        got = [q.request_id for q in StepPolicy().schedule_order(st)]
+        assert len(_calls) == n + 1, "StepPolicy.schedule_order must call schedule_step once per step"
+        assert _calls[-1] == (running, waiting, budget, seqs), \
+            "pass state.running, state.waiting, state.max_num_batched_tokens and state.max_num_seqs to schedule_step"
+        assert got == [(running + waiting)[-1].request_id], \
+            f"return the requests schedule_step chose, in its order: it chose {[(running + waiting)[-1].request_id]}, yours {got}"
+finally:
+    schedule_step = _yours
+print("StepPolicy returns what schedule_step decides")
+
 # %% [markdown]
 # ## 2. 在真实模型上运行
 #
@@ -266,8 +324,9 @@ tiny_wl = synthetic(4, rate=float("inf"), input_len=24, output_len=6, seed=0)
 tiny_kw = dict(executor="model", model="tiny", max_num_seqs=4, max_num_batched_tokens=32,
                enable_chunked_prefill=True, num_kv_blocks=32, keep_tokens=True)
 mine_t, ref_t = run(tiny_wl, policy="l03_step", **tiny_kw), run(tiny_wl, policy="continuous", **tiny_kw)
-assert shape(mine_t) == shape(ref_t)
-assert [r.output_token_ids for r in mine_t.requests] == [r.output_token_ids for r in ref_t.requests]
+assert shape(mine_t) == shape(ref_t), f"tiny model: the same batches as 'continuous'\n  wanted {shape(ref_t)}\n  yours  {shape(mine_t)}"
+assert [r.output_token_ids for r in mine_t.requests] == [r.output_token_ids for r in ref_t.requests], \
+    "greedy decoding: your policy must generate the same tokens as 'continuous'"
 print(f"tiny model: {len(mine_t.steps)} steps, the same batches and tokens as 'continuous'")
 
 # %% [markdown]
