@@ -278,6 +278,20 @@ def evaluate(policy, workload=WORKLOAD):
                 tok_s=made / (t1 - t0), preemptions=sum(q.num_preemptions for q in result.requests), result=result)
 
 
+# The open task's three conditions: your number / the default policy's number on the same workload.
+LIMITS = {"tpot_p99": ("<=", 0.75), "recomputed": ("<=", 0.50), "tok_s": (">=", 0.97)}
+
+
+def ratios(mine, base) -> dict:
+    """Yours / the default's, for each number the open task grades."""
+    return {k: mine[k] / max(base[k], 1e-9) for k in LIMITS}
+
+
+def unmet(r) -> list[str]:
+    """The conditions that ratios ``r`` miss (empty: all three met)."""
+    return [k for k, (op, x) in LIMITS.items() if not (r[k] <= x if op == "<=" else r[k] >= x)]
+
+
 default = evaluate(ContinuousPolicy())
 print(f"continuous: TPOT p99 {default['tpot_p99'] * 1e3:.1f} ms, recomputed {default['recomputed']:,} tokens, "
       f"{default['tok_s']:.0f} tok/s, {default['preemptions']} preemptions")
@@ -302,9 +316,11 @@ plt.show()
 # | 重复计算的 Token | ≤ 默认策略的 50% | 不抖动：少抢占、少重算，而不是换个方式白算 |
 # | 稳态输出吞吐 | ≥ 默认策略的 97% | 不许用“少接纳请求”换延迟：一次只跑一个请求 TPOT 最好，吞吐却会崩 |
 #
-# 阈值的来由：默认策略的三个数就是上一格打印的那三个；参考答案在这个负载上、也在评分用的另一个负载种子上满足全部三个条件，
-# 而且离每个阈值都有余量（答案文件里检查单元格打印了它的数）。阈值定在参考答案与默认策略之间。评分器会在那个**没给你看过**的负载种子上再检查一次同样的三个条件
-# （相对那个种子上的默认策略），所以不要按这一个负载去调参数。在上面这个负载上，三个条件就是：TPOT p99 ≤ {{0.75 * default['tpot_p99'] * 1e3:.1f}} ms，
+# 阈值的来由：默认策略的三个数就是上一格打印的那三个（代码里的 `LIMITS`）；阈值定在参考答案与默认策略之间。
+# 这类比值随负载种子起伏不小（参考答案在个别种子上也会越过 TPOT 的阈值），所以评分器不只看一个种子：
+# 它在三个**没给你看过**的负载种子上各跑一次你的策略与默认策略，取每个比值的**中位数**，三个中位数都要满足条件。
+# 持续集成里的测试检查参考答案在另外 10 个种子上逐个满足条件、朴素的基线（默认策略，以及按 `max_tokens` 预留的不抢占准入）逐个不满足。
+# 所以不要按这一个负载去调参数。在上面这个负载上，三个条件就是：TPOT p99 ≤ {{0.75 * default['tpot_p99'] * 1e3:.1f}} ms，
 # 重复计算 ≤ {{0.5 * default['recomputed']:,.0f}} 个 Token，吞吐 ≥ {{0.97 * default['tok_s']:.0f}} tok/s。
 #
 # 可以用的信息：`state.running`（运行中，按接纳先后）、`state.waiting`（等待中，队列顺序，被抢占的在最前）、
@@ -363,16 +379,16 @@ plt.tight_layout()
 plt.show()
 
 # %% tags=["check:3", "hidden"]
-other = synthetic(300, 10.0, input_len=lognormal(median=256, sigma=0.6, max=2048),
-                  output_len=lognormal(median=192, sigma=0.8, max=1024), seed=8)
-base8, mine8 = evaluate(ContinuousPolicy(), other), evaluate(MyPolicy(), other)
-assert mine8["tpot_p99"] <= 0.75 * base8["tpot_p99"], \
-    f"unseen seed: TPOT p99 must be <= 75% of {base8['tpot_p99'] * 1e3:.1f} ms; yours {mine8['tpot_p99'] * 1e3:.1f} ms"
-assert mine8["recomputed"] <= 0.5 * base8["recomputed"], \
-    f"unseen seed: recomputed tokens must be <= 50% of {base8['recomputed']:,}; yours {mine8['recomputed']:,}"
-assert mine8["tok_s"] >= 0.97 * base8["tok_s"], \
-    f"unseen seed: throughput must be >= 97% of {base8['tok_s']:.0f} tok/s; yours {mine8['tok_s']:.0f}"
-print("unseen workload seed: all three thresholds met")
+per_seed = []
+for seed in (8, 21, 24):                   # unseen workloads of the same shape
+    other = synthetic(300, 10.0, input_len=lognormal(median=256, sigma=0.6, max=2048),
+                      output_len=lognormal(median=192, sigma=0.8, max=1024), seed=seed)
+    per_seed.append(ratios(evaluate(MyPolicy(), other), evaluate(ContinuousPolicy(), other)))
+median = {k: float(np.median([r[k] for r in per_seed])) for k in LIMITS}
+# Ratios only: the unseen seeds' own figures stay hidden.
+assert not unmet(median), "3 unseen seeds, the median of yours / the default's: " + "; ".join(
+    f"{k} {median[k]:.2f} (need {op} {x})" for k, (op, x) in LIMITS.items())
+print("3 unseen workload seeds: the medians of the three ratios meet all three thresholds")
 
 # %% [markdown]
 # ## 小结
