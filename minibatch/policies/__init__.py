@@ -12,6 +12,7 @@
 ``mlfq``        FastServe's skip-join multi-level feedback queue, preemptive
 ``fair``        per-tenant Virtual Token Counter (VTC)
 ``lpm``         SGLang's longest prefix match (cache-aware), with aging
+``sglang``      SGLang's default step: prefill-only while a prompt can start or continue, else decode
 ``trtllm``      TensorRT-LLM's in-flight batching: arrival order, decodes before context chunks
 ``tgi``         TGI's router: pause decoding to prefill when enough wait or after max_waiting_tokens
 ==============  ================================================================
@@ -25,6 +26,7 @@ from minibatch.policies import (  # noqa: F401  (each module registers its polic
     mlfq,
     priority,
     serial,
+    sglang,
     sjf,
     static,
     tgi,

@@ -75,7 +75,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     ), ("on GPUs of >= 70 GiB other than the A100 (H100, H200) the LLM class gets 1024 sequences and 16384 "
         "tokens; `vllm serve` gets 256 and 2048 on the A100 (1024 and 8192 on an H100)",)),
     Preset("sglang", "SGLang", "v0.5.3 (python/sglang/srt)", (
-        Knob("policy", "continuous", f"{_SGL_ARGS}.schedule_policy = 'fcfs'"),
+        Knob("policy", "sglang", f"{_SGL_ARGS}.schedule_policy = 'fcfs', enable_mixed_chunk = False; "
+                                 "managers/scheduler.py Scheduler.get_next_batch_to_run (a prefill batch if "
+                                 "get_new_batch_prefill finds one, else decode: prefill-only or decode-only steps)"),
         Knob("admission", "conservative", f"{_SGL_ARGS}.schedule_conservativeness = 1.0; "
                                           "managers/schedule_policy.py PrefillAdder (new_token_ratio)"),
         Knob("max_num_batched_tokens", 8192, f"{_SGL_ARGS}.chunked_prefill_size (None -> by GPU memory: "
