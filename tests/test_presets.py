@@ -160,3 +160,16 @@ def test_tgi_prefill_budget_follows_the_launchers_formula():
     assert tgi.default_max_batch_prefill_tokens("llama-3-8b") == 8192       # capped by its 8,192 context
     assert tgi.default_max_batch_prefill_tokens("llama-2-7b", gpu="unknown") == 4096
     assert tgi.default_max_batch_prefill_tokens("llama-3-8b", gpu="t4") == int(65e12 // tgi.flop_per_token(g))
+
+
+def test_vllm_serve_defaults_differ_from_the_llm_class_only_in_the_token_budget():
+    """vLLM v0.11.0 EngineArgs._set_default_args: on an A100 UsageContext.OPENAI_API_SERVER gets 2048
+    batched tokens (the LLM class 8192) and the same 256 sequences; the other frameworks' servers are
+    their only entry point here."""
+    assert presets.serve_settings("vllm") == {"max_num_batched_tokens": 2048}
+    assert presets.settings("vllm", serve=True) == {**presets.settings("vllm"), "max_num_batched_tokens": 2048}
+    assert presets.settings("vllm")["max_num_batched_tokens"] == 8192
+    for name in ("sglang", "trtllm", "tgi"):
+        assert presets.serve_settings(name) == {} and presets.settings(name, serve=True) == presets.settings(name)
+    text = presets.describe("vllm")
+    assert "as a server: max_num_batched_tokens = 2048" in text and "OPENAI_API_SERVER" in text

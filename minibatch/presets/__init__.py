@@ -47,9 +47,13 @@ class Preset:
     version: str
     knobs: tuple[Knob, ...]
     notes: tuple[str, ...] = ()
+    serve: tuple[Knob, ...] = ()      # knobs that differ when the framework runs as its OpenAI server
 
-    def settings(self) -> dict:
-        return {k.name: k.value for k in self.knobs}
+    def settings(self, serve: bool = False) -> dict:
+        out = {k.name: k.value for k in self.knobs}
+        if serve:
+            out.update({k.name: k.value for k in self.serve})
+        return out
 
 
 _VLLM_ARGS = ("vllm/engine/arg_utils.py EngineArgs._set_default_args (LLM class; GPU < 70 GiB or an A100: "
@@ -73,7 +77,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                                "None -> 16"),
         Knob("max_wait_ms", 0.0, "vLLM has no batching window"),
     ), ("on GPUs of >= 70 GiB other than the A100 (H100, H200) the LLM class gets 1024 sequences and 16384 "
-        "tokens; `vllm serve` gets 256 and 2048 on the A100 (1024 and 8192 on an H100)",)),
+        "tokens; `vllm serve` gets 256 and 2048 on the A100 (1024 and 8192 on an H100)",),
+        serve=(Knob("max_num_batched_tokens", 2048, f"{_VLLM_ARGS}: UsageContext.OPENAI_API_SERVER gets 2048 "
+                                                    "(`vllm serve`; 8192 on an H100 or H200)"),)),
     Preset("sglang", "SGLang", "v0.5.3 (python/sglang/srt)", (
         Knob("policy", "sglang", f"{_SGL_ARGS}.schedule_policy = 'fcfs', enable_mixed_chunk = False; "
                                  "managers/scheduler.py Scheduler.get_next_batch_to_run (a prefill batch if "
@@ -140,9 +146,16 @@ def get(name: str) -> Preset:
     return preset
 
 
-def settings(name: str) -> dict:
-    """``{EngineConfig field: value}`` that preset ``name`` sets."""
-    return get(name).settings()
+def settings(name: str, serve: bool = False) -> dict:
+    """``{EngineConfig field: value}`` that preset ``name`` sets; ``serve=True``: as the framework's
+    OpenAI-compatible server sets them (``vllm serve``'s smaller token budget on an A100)."""
+    return get(name).settings(serve)
+
+
+def serve_settings(name: str) -> dict:
+    """Only the knobs where preset ``name``'s OpenAI server differs from its library entry point
+    (``{}`` for SGLang, TensorRT-LLM and TGI, whose servers take the same defaults)."""
+    return {k.name: k.value for k in get(name).serve}
 
 
 def rows(name: str) -> list[tuple[str, object, str]]:
@@ -161,6 +174,9 @@ def describe(name: str) -> str:
         lines.append(f"{k:<{w0}}  {v:<{w1}}  {s}")
         if i == 0:
             lines.append(f"{'-' * w0}  {'-' * w1}  {'-' * 6}")
+    if preset.serve:
+        lines.append("")
+        lines += [f"as a server: {k.name} = {k.value!r}  ({k.source})" for k in preset.serve]
     if preset.notes:
         lines.append("")
         lines += [f"note: {n}" for n in preset.notes]
