@@ -199,6 +199,18 @@ def test_a_check_that_needs_a_failed_task_names_that_task(mini, kernel, tmp_path
     assert not any("does not pass yet" in f for f in t1.failures)
 
 
+def test_grading_some_tasks_runs_only_their_checks_and_what_they_need(mini, kernel, tmp_path):
+    path = _edit(mini, tmp_path, **{"task-1": "def double(x):\n    return x + x", "task-2": "import math\nroot = math.sqrt"})
+    only1 = grade(mini, path, km=kernel, tasks={1})
+    assert [t.task for t in only1.tasks] == [1] and only1.passed
+    assert not any(c.role == "check" and c.tasks == [2] for c in only1.cells), "task 2's check did not run"
+    with_need = grade(mini, path, km=kernel, tasks={2})
+    assert [t.task for t in with_need.tasks] == [1, 2], "task 2's check needs task 1: both are graded"
+    assert with_need.passed
+    with pytest.raises(ValueError, match="no task \\[7\\]"):
+        grade(mini, path, km=kernel, tasks={7})
+
+
 def test_grader_uses_the_key_not_the_learners_check_cells_or_outputs(mini, kernel, tmp_path):
     path = _edit(mini, tmp_path, **{"task-1": "def double(x):\n    return 2 * x + 1",
                                     "check-1": "pass  # tampered", "task-2": "import math\nroot = math.sqrt"})

@@ -44,7 +44,11 @@ def _cmd_check(args) -> int:
     from minibatch.labs import find_lab
     from minibatch.labs.grader import grade
 
-    report = grade(find_lab(args.lab), args.notebook, timeout=args.timeout)
+    try:
+        report = grade(find_lab(args.lab), args.notebook, timeout=args.timeout, tasks=args.task or None)
+    except ValueError as e:                  # an unknown task number
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(report.to_json() if args.json else report.format())
     return 0 if report.passed else 1
 
@@ -98,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("notebook", help="your notebook (.ipynb)")
     c.add_argument("--timeout", type=int, default=300, help="seconds per cell")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.add_argument("--task", type=int, action="append",
+                   help="grade only this task (and the tasks its checks need); repeat for several")
     c.set_defaults(fn=_cmd_check)
     s = sub.add_parser("solve", help="write the reference-solved notebook")
     s.add_argument("lab")

@@ -235,17 +235,42 @@ def grading_notebook(key, learner, lab_id: str) -> tuple[nbformat.NotebookNode, 
 
 
 def grade(lab: Lab, notebook: str | Path, timeout: int = 300, key_path: str | Path | None = None,
-          km=None) -> GradeReport:
+          km=None, tasks=None) -> GradeReport:
     """Run ``notebook``'s task cells against ``lab``'s key; return the per-task report.
 
     ``km``: a kernel from :func:`minibatch.labs.builder.shared_kernel` to reuse (tests);
-    by default a fresh kernel runs the notebook.
+    by default a fresh kernel runs the notebook. ``tasks``: grade only these tasks and the
+    tasks their checks need (``needs:M``, transitively); the other tasks' check cells are not
+    run (every task cell and set-up cell still is), and the report lists only the graded tasks.
     """
     key = nbformat.read(str(key_path or lab.key_path), as_version=4)
     learner = nbformat.read(str(notebook), as_version=4)
     nb, notes = grading_notebook(key, learner, lab.lab_id)
+    selected = None if tasks is None else with_needs(key, tasks)
+    if selected is not None:
+        known = {t for c in key.cells for t in _numbers(_tags(c), "task")}
+        if not set(tasks) <= known:
+            raise ValueError(f"{lab.lab_id} has no task {sorted(set(tasks) - known)}; its tasks are {sorted(known)}")
+        for cell in nb.cells:
+            if _role(cell) == "check" and not set(_numbers(_tags(cell), "check")) & selected:
+                cell.source = ""                   # not graded this time
     aborted = execute(nb, cwd=lab.root, timeout=timeout, allow_errors=True, km=km)
-    return _report(lab, key, nb, str(notebook), notes, aborted, timeout)
+    return _report(lab, key, nb, str(notebook), notes, aborted, timeout, selected)
+
+
+def with_needs(key, tasks) -> set[int]:
+    """``tasks`` and every task their check cells need (``needs:M`` tags), transitively."""
+    needs: dict[int, set[int]] = {}
+    for c in key.cells:
+        for t in _numbers(_tags(c), "check"):
+            needs.setdefault(t, set()).update(_numbers(_tags(c), "needs"))
+    out, todo = set(), list(tasks)
+    while todo:
+        t = todo.pop()
+        if t not in out:
+            out.add(t)
+            todo.extend(needs.get(t, ()))
+    return out
 
 
 def _message(text: str, max_lines: int = 12) -> str:
@@ -257,7 +282,8 @@ def _message(text: str, max_lines: int = 12) -> str:
     return "\n      ".join(lines)
 
 
-def _report(lab: Lab, key, ran, notebook: str, notes: list[str], aborted, timeout: int) -> GradeReport:
+def _report(lab: Lab, key, ran, notebook: str, notes: list[str], aborted, timeout: int,
+            selected: set[int] | None = None) -> GradeReport:
     cells: list[CellResult] = []
     for i, (kc, rc) in enumerate(zip(key.cells, ran.cells)):
         role = _role(kc)
@@ -265,6 +291,8 @@ def _report(lab: Lab, key, ran, notebook: str, notes: list[str], aborted, timeou
             continue
         tags = _tags(kc)
         tasks = _numbers(tags, "task") if role == "task" else _numbers(tags, "check")
+        if selected is not None and role == "check" and not set(tasks) & selected:
+            continue                                   # not graded this time
         res = CellResult(i, kc.get("id", f"#{i}"), role, tasks, _numbers(tags, "needs"))
         err = _error_of(rc.outputs)
         if err is not None:
@@ -281,7 +309,8 @@ def _report(lab: Lab, key, ran, notebook: str, notes: list[str], aborted, timeou
                 res.status, res.diff = "mismatch", _first_difference(want, got)
         cells.append(res)
     titles = _task_titles(key)
-    all_tasks = sorted({t for c in cells if c.role == "task" for t in c.tasks})
+    all_tasks = sorted({t for c in cells if c.role == "task" for t in c.tasks
+                        if selected is None or t in selected})
     results = []
     failed: set[int] = set()
     for t in all_tasks:                    # in order: a check's ``needs:M`` names an earlier task
