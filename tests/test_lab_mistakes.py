@@ -651,6 +651,14 @@ def test_the_grader_rejects_the_mistake(case: Mistake, kernels, tmp_path):
             f"{case}: meant to be right on the visible checks\n{text}"
         assert any(not c.ok for c in checks if c.cell_id in hidden), text
 
+    # A hidden check's message may say how far off the learner is (a ratio, a difference), never the
+    # baseline's own figure on the unseen seed: that would let a learner tune to it.
+    for c in checks:
+        if c.cell_id in hidden and not c.ok:
+            leak = re.search(r"(FCFS|default|least_requests|continuous)(['’]s)?( goodput| TTFT p\d+| hit rate)? "
+                             r"[\d.]+ ?(s|ms|req/s|%)?\b", c.describe())
+            assert not leak, f"{case}: the hidden check reveals a baseline figure: {leak.group(0)!r}\n{text}"
+
     later = dependents(case.lab, case.task)
     for t, res in tasks.items():
         if t == case.task:
