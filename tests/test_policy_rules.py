@@ -28,7 +28,8 @@ from minibatch.policies.static import StaticPolicy
 from minibatch.request import Request, RequestStatus
 from minibatch.sampling_params import SamplingParams
 
-ALL = ["continuous", "dynamic", "fair", "lpm", "mlfq", "priority", "serial", "sjf", "static", "tgi", "trtllm"]
+ALL = ["continuous", "dynamic", "fair", "lpm", "mlfq", "priority", "serial", "sglang", "sjf", "static", "tgi",
+       "trtllm"]
 
 
 def rq(rid, prompt=8, max_tokens=8, arrival=0.0, out=0, computed=0, **kw) -> Request:

@@ -392,11 +392,12 @@ assert 16 < first_unsplit and 16 * spec8.num_kv_heads < SMS["h100"], "the prose 
 # 选择条件写在 `vllm/attention/ops/paged_attn.py` 的 `use_v1`（L05 第 4 节有完整的表）。
 #
 # 要注意，`paged_attention_v1/v2` 是 vLLM 旧引擎（V0）的内核，本章拿它们对照是因为它们与 minibatch 的内核同构、好读。
-# V1 引擎（v0.8.0 起默认）在 NVIDIA GPU 上解码时默认**不用**它们，而是按 `vllm/platforms/cuda.py` 里
-# `_get_backend_priorities` 的优先级挑注意力后端（我们核对的是 v0.11 之后的写法，各版本的顺序会调整）：
-# Blackwell（SM 10.x）先选 **FlashInfer**，再选 **FlashAttention**；Ampere、Hopper 等先选 FlashAttention
+# V1 引擎（v0.8.0 起默认）在 NVIDIA GPU 上解码时默认**不用**它们。v0.11.0 的 `vllm/platforms/cuda.py`
+# 在 `CudaPlatformBase.get_attn_backend_cls` 里挑注意力后端（未指定 `VLLM_ATTENTION_BACKEND` 时）：
+# Blackwell（SM 10.0）装了 FlashInfer 就用 **FlashInfer**（并把 KV 布局改成 HND）；SM 8.0 以上（Ampere、Hopper）用 **FlashAttention**
 # （`vllm/v1/attention/backends/flash_attn.py`，FlashAttention-2/3 的变长、分页 KV 内核，解码同样按 KV 长度拆分再归约），
-# 再选 FlashInfer、Triton（`TRITON_ATTN`）与 FlexAttention。它们的分页方式、拆分规则和 minibatch 一样，只是每一步都做了更多的硬件专门优化；
+# 只在有注意力 sink 或 FP8 KV 缓存且不是 Hopper 时改用 Triton（`TRITON_ATTN`）；更老的 GPU 用 FlexAttention。
+# 较新的 vLLM 把这段判断改写成了 `_get_backend_priorities` 返回的一张优先级表，顺序随版本调整。这些后端的分页方式、拆分规则和 minibatch 一样，只是每一步都做了更多的硬件专门优化；
 # 练习第 6 题把 minibatch 的内核与 FlashInfer、flash-attn 放在同一张表里比。
 #
 # ## 17.4 页大小、Tile 与 `num_warps`、`num_stages`

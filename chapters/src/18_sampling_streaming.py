@@ -581,7 +581,7 @@ assert len(tok_crowd) == sum(48 - r[1][0][2] for r in results), "one per-token g
 # %% [markdown]
 # 这一次，{{len(streams)}} 个流的第一个事件分别带了 {{first_tokens}} 个 Token，全部事件中有 {{merged}} 个带了不止一个 Token。
 # 数 Token 的间隔时，事件合并不会让 p99 虚高；数事件的间隔时，一个合并的事件既是一个长间隔、又“吃掉”了几个短间隔。
-# 压测工具报告 ITL 时要说明是哪一种（第 8 章）：vLLM 的 `vllm bench serve` 在 `vllm/benchmarks/lib/endpoint_request_func.py` 里每收到一个流式事件记一个 `output.itl`（按事件），而 `vllm/benchmarks/serve.py` 的 TPOT 是 `(latency - ttft) / (output_len - 1)`（按 Token 平均）；
+# 压测工具报告 ITL 时要说明是哪一种（第 8 章）：vLLM v0.11.0 的 `vllm bench serve` 在 `vllm/benchmarks/lib/endpoint_request_func.py` 里每收到一个流式事件记一个 `output.itl`（按事件），而 `vllm/benchmarks/serve.py` 的 TPOT 是 `(latency - ttft) / (output_len - 1)`（按 Token 平均）；
 # `vllm:inter_token_latency_seconds` 在服务端按**每次输出**记录，
 # 一次输出带多个 Token（例如投机解码）时同样会比逐 Token 的间隔大（vLLM 的 PR #52853 提议为此改写它的说明文字，2026-08 提出，尚未合并）。
 #
