@@ -197,6 +197,10 @@ def test_a_check_that_needs_a_failed_task_names_that_task(mini, kernel, tmp_path
     assert "this check uses task 1 (double), which does not pass yet: fix that first" in t2.failures[0]
     assert "NameError" in t2.failures[0], "the original error is still shown"
     assert not any("does not pass yet" in f for f in t1.failures)
+    # Task 1 wrong and task 2 not written: task 2's own stub is the cause, and the report says just that.
+    path = _edit(mini, tmp_path, **{"task-1": "def double(x):\n    return x + 1"})
+    t2 = grade(mini, path, km=kernel).tasks[1]
+    assert "NotImplementedError: L07 · task 2" in t2.failures[0] and "does not pass yet" not in t2.failures[0]
 
 
 def test_grading_some_tasks_runs_only_their_checks_and_what_they_need(mini, kernel, tmp_path):
