@@ -573,6 +573,10 @@ class StickySession(Session):
         "            return self.home[key]\n"
         "        self.home[key] = least"),
         says="return its position"),
+    # The text: an empty prompt's match rate counts as 0. Before this was graded, dividing by zero passed.
+    Mistake("L10", "empty-prompt-divides-by-zero", 4, "task-4", edit(
+        "L10", "task-4", "rate = matches[best] / len(tokens) if tokens else 0.0", "rate = matches[best] / len(tokens)"),
+        says="division by zero"),
     Mistake("L10", "imbalanced-if-either-threshold", 4, "task-4", edit(
         "L10", "task-4", "if hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo:",
         "if hi - lo > self.balance_abs_threshold or hi > self.balance_rel_threshold * lo:"),
