@@ -230,7 +230,9 @@ def test_a_killed_replica_loses_no_request(ray_port, two_replicas, reference):
     still completes with the single engine's greedy text (resumed on the other replica)."""
     handle = two_replicas
     wait_until(lambda: ray_backend.num_running_replicas() == 2, what="2 running replicas")
-    n_tokens = 48
+    # Long enough that every stream is still running when the replica dies, also on a loaded machine
+    # (with 48 tokens, the first streams had finished before the last one started: nothing was retried).
+    n_tokens = 192
     ref = {o.prompt: o.outputs[0].text for o in LLM(model="tiny").generate(
         PROMPTS, SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True))}
     started = [threading.Event() for _ in PROMPTS]
@@ -242,6 +244,7 @@ def test_a_killed_replica_loses_no_request(ray_port, two_replicas, reference):
         calls = [handle.completions.remote(body(p, n_tokens)) for p in PROMPTS]
         victims = ray_backend.replica_actor_handles()
         assert len(victims) == 2
+        assert not any(s.done() for s in streams), "a stream finished before the kill: the test needs longer outputs"
         ray.kill(victims[0])
         results = [s.result(timeout=DEADLINE_S) for s in streams]
         outs = [c.result(timeout_s=DEADLINE_S) for c in calls]
