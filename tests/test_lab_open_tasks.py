@@ -45,25 +45,14 @@ def _l07_workload(ns, seed):
 
 
 def _no_evict(ns):
-    """TensorRT-LLM's GUARANTEED_NO_EVICT as a policy: admit only if every request fits at its max_tokens."""
-    Policy = ns["Policy"]
+    """TensorRT-LLM's GUARANTEED_NO_EVICT as the learner's policy: test_lab_mistakes' L07 case
+    reserves-max_tokens-for-everyone, run in the key's namespace."""
+    from test_lab_mistakes import MISTAKES
 
-    class NoEvict(Policy):
-        name = "test_no_evict"
-
-        def schedule_order(self, state):
-            kv = state.kv
-            full = lambda r: kv.blocks_for(r.num_prompt_tokens + r.sampling_params.max_tokens)
-            free = kv.num_free_blocks - sum(full(r) - kv.blocks_for(r.num_computed_tokens) for r in state.running)
-            order = list(state.running)
-            for req in state.waiting:
-                if full(req) > free:
-                    break
-                free -= full(req)
-                order.append(req)
-            return order
-
-    return NoEvict()
+    case = next(c for c in MISTAKES if str(c) == "L07-reserves-max_tokens-for-everyone")
+    scope = dict(ns)                       # a copy: the reference MyPolicy in ns stays as it is
+    exec(compile(case.source, str(case), "exec"), scope)
+    return scope["MyPolicy"]()
 
 
 def test_l07_reference_passes_and_naive_baselines_fail_on_ten_seeds(l07):

@@ -258,6 +258,8 @@ def test_cli_solve_and_check(mini, tmp_path, monkeypatch, capsys):
     assert [t["passed"] for t in json.loads(capsys.readouterr().out)["tasks"]] == [True, True]
     assert labs_main(["check", "L07", str(mini.notebook_path)]) == 1
     assert "0/2 tasks pass" in capsys.readouterr().out
+    assert labs_main(["check", "L07", str(solved), "--task", "9"]) == 2          # checked before any kernel starts
+    assert "L07 has no task [9]; its tasks are [1, 2]" in capsys.readouterr().err
 
 
 def test_keys_are_plain_nbval_notebooks(mini):
