@@ -20,6 +20,7 @@ steps run one after another in this process. With one replica the loop does exac
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable
@@ -109,7 +110,8 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         hardware: str | None = None, *, models=None, router_kwargs: dict | None = None,
         engines: list[LLMEngine] | None = None, keep_tokens: bool | None = None,
         on_step: Callable | None = None, clock: str = "virtual", autoscaler=None,
-        migration=None, disaggregation=None, failures=None, **engine_kwargs) -> ClusterResult:
+        migration=None, disaggregation=None, failures=None, flow_control=None,
+        **engine_kwargs) -> ClusterResult:
     """Replay ``workload`` on ``replicas`` engines behind ``router``; return a :class:`ClusterResult`.
 
     ``router`` is a registered name (``minibatch.cluster.routers.available()``), a
@@ -137,6 +139,10 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
     ``failures`` (a list of :class:`~minibatch.cluster.failures.ReplicaFailure`) kills replicas
     mid-run; what a dead replica held is re-dispatched through the router to live ones
     (``minibatch.cluster.failures``).
+    ``flow_control`` (a :class:`~minibatch.cluster.flow_control.FlowControl`) holds arrivals at
+    the router, by priority band and fair across tenants, until a replica has room; the router
+    then chooses among the replicas with room (llm-d's flow controller, Dynamo's router queue,
+    ``minibatch.cluster.flow_control``); it goes with one model.
     """
     if clock != "virtual":
         raise ValueError(f"minibatch.cluster.run replays under the virtual clock only, got clock={clock!r}")
@@ -201,20 +207,31 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
     order: list[tuple[str, Replica | None]] = []     # every request, arrival order
     unserved: dict[str, RequestRecord] = {}
 
-    def route(spec, now: float) -> None:
-        rid = spec.request_id if spec.request_id is not None else f"r{len(order)}"
+    def candidates_of(spec, now: float) -> list[Replica]:
         candidates = reps if spec.model is None else by_model.get(spec.model, [])
         if pd is not None:
             candidates = [r for r in candidates if r in pd.prefill]
         if scaler is not None or fo is not None:
             candidates = [r for r in candidates if r.serving(now)]
+        return candidates
+
+    def route(spec, now: float, rid: str | None = None, slot: int | None = None,
+              among: list[Replica] | None = None) -> None:
+        """Route ``spec`` at ``now`` among ``among`` (default: every replica serving it); a
+        request held by flow control comes with its id and its ``slot`` in ``order``."""
+        if rid is None:
+            rid = spec.request_id if spec.request_id is not None else f"r{len(order)}"
+        candidates = candidates_of(spec, now) if among is None else among
         if not candidates:
             served = sorted(by_model)
             unserved[rid] = RequestRecord(
                 rid, now, spec.prompt_len, 0, spec.priority, spec.tenant, finish_time=now,
                 finish_reason="rejected", model=spec.model,
                 error=f"no replica serves model {spec.model!r}; the cluster serves {served}")
-            order.append((rid, None))
+            if slot is None:
+                order.append((rid, None))
+            else:
+                order[slot] = (rid, None)
             return
         prompt = spec.prompt_token_ids if spec.prompt_token_ids is not None else [0] * spec.prompt_len
         views = [r.view(now, spec.prompt_token_ids) for r in candidates]
@@ -230,13 +247,18 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
             if pd is not None and not pd.can_ever_decode(len(prompt) + params.max_tokens):
                 raise ValueError(f"request needs {len(prompt) + params.max_tokens} tokens of KV but no "
                                  "decode replica's whole cache holds them; it can never be decoded")
-            engine.add_request(prompt, params, request_id=rid, arrival_time=now,
+            # A request held by flow control arrived at the router before now: its TTFT counts the wait.
+            engine.add_request(prompt, params, request_id=rid, arrival_time=min(now, spec.arrival_time),
                                priority=spec.priority, tenant=spec.tenant)
         except ValueError as e:
-            engine.requests[rid] = engine.reject(prompt, params, str(e), request_id=rid, arrival_time=now)
+            engine.requests[rid] = engine.reject(prompt, params, str(e), request_id=rid,
+                                                 arrival_time=min(now, spec.arrival_time))
             queued = False
         rep.admitted(rid, len(prompt), now, queued)
-        order.append((rid, rep))
+        if slot is None:
+            order.append((rid, rep))
+        else:
+            order[slot] = (rid, rep)
         spec_of[rid] = spec
 
     t_first = specs[0].arrival_time if specs else 0.0
@@ -318,6 +340,55 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         from minibatch.cluster.migration import Migration, Migrator
         mig = Migrator(migration if isinstance(migration, Migration) else Migration(), t_first)
 
+    fq = None
+    checks: list[float] = []                   # heap: ends of steps, when a replica may have room again
+    held_wait: dict[str, float] = {}           # request id -> seconds held at the router
+    if flow_control is not None:
+        from minibatch.cluster.flow_control import FlowControl, FlowQueue
+        if not isinstance(flow_control, FlowControl):
+            raise TypeError(f"flow_control= must be a FlowControl, got {type(flow_control).__name__}")
+        if models is not None or len({r.model for r in reps}) > 1:
+            raise ValueError("flow_control= goes with one model (its queue would block one model's "
+                             "requests behind another's)")
+        fq = FlowQueue(flow_control)
+
+    def hold(spec, now: float) -> None:
+        """Flow control: an arrival waits at the router (or is rejected if the queue is full)."""
+        rid = spec.request_id if spec.request_id is not None else f"r{len(order)}"
+        slot = len(order)
+        order.append((rid, None))
+        if not candidates_of(spec, now):
+            route(spec, now, rid, slot)           # no replica serves it: rejected with the reason
+            return
+        if fq.full():
+            fq.rejected += 1
+            unserved[rid] = RequestRecord(
+                rid, now, spec.prompt_len, 0, spec.priority, spec.tenant, finish_time=now,
+                finish_reason="rejected", model=spec.model,
+                error=f"flow control: {fq.control.max_queued} requests already wait at the router "
+                      "(max_queued); retry later")
+            return
+        fq.push((spec, rid, slot, now), spec.priority, spec.tenant, now)
+        release(now)
+
+    def release(now: float) -> None:
+        """Flow control at ``now``: reject what waited too long, then release held requests, next
+        first (band, then fairness, then FCFS), while a replica has room."""
+        for spec, rid, slot, since in fq.expire(now):
+            unserved[rid] = RequestRecord(
+                rid, spec.arrival_time, spec.prompt_len, 0, spec.priority, spec.tenant, finish_time=now,
+                finish_reason="rejected", model=spec.model,
+                error=f"flow control: held at the router for queue_timeout_s={fq.control.queue_timeout_s} s "
+                      "and no replica had room")
+        while len(fq):
+            spec, rid, slot, since = fq.peek()
+            room = [r for r in candidates_of(spec, now) if fq.control.has_room(r.view(now))]
+            if not room:
+                return
+            fq.pop()
+            held_wait[rid] = now - since
+            route(spec, now, rid, slot, among=room)
+
     inf = float("inf")
     pending = deque(specs)
     while True:
@@ -332,16 +403,30 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         t_tick = next_tick if due else inf
         t_mtick = mig.next_tick if mig is not None and due else inf
         t_fail = t_fail if due else inf
-        t_next = min(t_rep, t_tick, t_move, t_mtick, t_xfer, t_fail)
+        t_fc = inf
+        if fq is not None:
+            t_fc = min(checks[0] if checks else inf, fq.next_expiry())
+        t_next = min(t_rep, t_tick, t_move, t_mtick, t_xfer, t_fail, t_fc)
         if pending and pending[0].arrival_time <= t_next + _EPS:
             spec = pending.popleft()
-            route(spec, spec.arrival_time)
+            if fq is None:
+                route(spec, spec.arrival_time)
+            else:
+                hold(spec, spec.arrival_time)
+            continue
+        if t_fc <= t_next and t_fc < inf:
+            # Before any step that starts at t_fc: a released request joins that step.
+            while checks and checks[0] <= t_fc + _EPS:
+                heapq.heappop(checks)
+            release(t_fc)
             continue
         if t_fail <= t_next and t_fail < inf:
             fo.fire(reps, rt, spec_of, t_fail)
             continue
         if t_tick <= t_next and t_tick < inf:
             tick(t_tick)
+            if fq is not None:
+                heapq.heappush(checks, t_tick + scaler.cold_start_s)   # a new replica may be ready
             ticks += 1
             next_tick = t_first + ticks * scaler.interval_s
             continue
@@ -357,6 +442,17 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
             mig.tick(t_mtick, reps)
             continue
         if t_rep == inf:
+            if fq is not None and len(fq):
+                # Nothing will ever run again and requests are still held: none of them can be
+                # served (no live replica serves them); reject them, never drop them.
+                t_end = max([t_next if t_next < inf else 0.0] + [r.clock.now() for r in reps])
+                while len(fq):
+                    spec, rid, slot, since = fq.pop()
+                    fq.rejected += 1
+                    unserved[rid] = RequestRecord(
+                        rid, spec.arrival_time, spec.prompt_len, 0, spec.priority, spec.tenant,
+                        finish_time=t_end, finish_reason="rejected", model=spec.model,
+                        error="flow control: held at the router and no live replica serves it")
             stuck = [r for r in reps if r.engine.has_unfinished_requests()]
             if pd is not None and pd.ready:
                 raise RuntimeError(f"{len(pd.ready)} prefilled requests wait for a decode replica "
@@ -368,6 +464,8 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
                                    "waiting requests forever")
             break
         step = nxt.step()
+        if fq is not None:
+            heapq.heappush(checks, nxt.clock.now())   # its step's end: finished requests free room
         if pd is not None:
             if nxt in pd.prefill:
                 pd.after_prefill_step(nxt)        # prefilled requests leave for the decode pool
@@ -404,6 +502,9 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         extra["kv_transfer_bytes"] = mig.kv_transfer_bytes
         extra["migration_log"] = mig.log
         extra["migrations_abandoned"] = mig.abandoned
+    if fq is not None:
+        extra["flow_control"] = {"held_wait": held_wait, "max_held": fq.max_len,
+                                 "released": fq.released, "rejected": fq.rejected}
     if fo is not None:
         extra["failures"] = fo.log
         extra["redispatched"] = fo.redispatched
