@@ -181,3 +181,47 @@ class FlowQueue:
             self.rejected += 1
             out.append(h.item)
         return out
+
+
+def two_band_workload(seed: int = 0, duration_s: float = 60.0, chat_rate: float = 2.0,
+                      chat_tenants: int = 4, light_tenants: int = 3, light_rate: float = 0.5,
+                      burst: int = 120, burst_every_s: float = 15.0, first_burst_s: float = 2.0,
+                      prompt_len: tuple[int, int] = (256, 1024), output_len: tuple[int, int] = (64, 256)):
+    """A bursty multi-tenant workload with two priority bands (the flow-control benchmark's and
+    chapter 26's):
+
+    * band 0 (urgent): ``chat_tenants`` chat tenants ``chat0..``, Poisson arrivals at ``chat_rate``
+      requests/s in all;
+    * band 1: a ``batch`` tenant sending ``burst`` requests at once (2 ms apart) every
+      ``burst_every_s`` seconds from ``first_burst_s``, and ``light_tenants`` light tenants
+      ``light0..``, each Poisson at ``light_rate`` requests/s.
+
+    Prompt and output lengths are uniform integers in ``[lo, hi)``; one seeded generator.
+    """
+    import numpy as np
+
+    from minibatch.workload import RequestSpec, Workload
+
+    rng = np.random.default_rng(seed)
+    reqs = []
+
+    def add(t: float, priority: int, tenant: str) -> None:
+        reqs.append(RequestSpec(float(t), int(rng.integers(*prompt_len)), int(rng.integers(*output_len)),
+                                priority=priority, tenant=tenant))
+
+    def poisson(rate: float, priority: int, tenant) -> None:
+        t = rng.exponential(1.0 / rate)
+        while t < duration_s:
+            add(t, priority, tenant() if callable(tenant) else tenant)
+            t += rng.exponential(1.0 / rate)
+
+    poisson(chat_rate, 0, lambda: f"chat{int(rng.integers(chat_tenants))}")
+    for k in range(light_tenants):
+        poisson(light_rate, 1, f"light{k}")
+    t = first_burst_s
+    while t < duration_s:
+        for i in range(burst):
+            add(t + 0.002 * i, 1, "batch")
+        t += burst_every_s
+    reqs.sort(key=lambda r: r.arrival_time)
+    return Workload(reqs, name="two_band")
