@@ -18,6 +18,9 @@ import typing
 from dataclasses import dataclass, field, fields
 
 PREEMPTION_MODES = ("recompute", "swap")
+# Which running request a preemption evicts (minibatch.scheduler.Scheduler._pick_victim); vLLM's open
+# PR #53723 names the option preemption_victim too ("fcfs" = "last" here, "lcf" = "least_computed").
+PREEMPTION_VICTIMS = ("last", "least_computed", "lowest_priority")
 KV_ALLOCATORS = ("paged", "contiguous")
 CONTIGUOUS_RESERVES = ("max_model_len", "request")
 EXECUTORS = ("model", "sim")
@@ -116,6 +119,10 @@ class EngineConfig:
     enable_chunked_prefill: bool = option(True, "split long prompts over several steps")
     enable_prefix_caching: bool = option(False, "reuse the KV blocks of identical prompt prefixes")
     preemption_mode: str = option("recompute", "what preemption does with a victim's KV", PREEMPTION_MODES)
+    preemption_victim: str = option("last", "which running request a preemption evicts, among those the policy "
+                                            "ranks below the one that needs blocks: the lowest ranked (last), the "
+                                            "one with the fewest computed tokens (least_computed), or the largest "
+                                            "(priority, arrival_time) (lowest_priority)", PREEMPTION_VICTIMS)
     policy: str = option("continuous", "scheduling policy", _policy_names, flags=("--scheduling-policy",))
     max_wait_ms: float = option(0.0, "dynamic batching window, e.g. 30ms or 0.03s (a bare number is ms)",
                                 flags=("--max-wait",), parse=parse_duration_ms)

@@ -50,6 +50,12 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0          # prompt tokens served by the prefix cache
         self.num_preemptions = 0
+        # The engine's count of token compute (Scheduler._count_computed): every token scheduled
+        # for computation, and those of them computed again after a recompute preemption threw
+        # their KV away (below ``recompute_until``, the most tokens ever thrown away).
+        self.num_computed_total = 0
+        self.num_recomputed_tokens = 0
+        self.recompute_until = 0
         self.stop_reason: str | int | None = None
         self.error: str | None = None
         self.output_text = ""

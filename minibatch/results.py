@@ -11,6 +11,11 @@ admitted: a prompt longer than ``max_model_len``, say) and ``rejected_reasons`` 
 short reason (:func:`reject_reason`) to its count, e.g. ``{"prompt longer than
 max_model_len": 812}``.
 
+Wasted compute (vllm#54644's "recompute tax"): ``num_computed_tokens`` (every token the engine
+computed for the requests, recomputed ones included), ``num_recomputed_tokens`` (those computed
+again because a recompute preemption had thrown their KV away; ``Scheduler._count_computed``) and
+``recompute_waste``, the second over the first.
+
 Engine-side keys, from the step timeline: ``num_preemptions`` (recompute + swap),
 ``num_swapped_blocks`` (KV blocks copied to host), ``padding_waste`` (request-level
 batching: padded slot-steps / (padded + computing slot-steps); 0 for iteration-level
@@ -127,6 +132,8 @@ class RequestRecord:
     output_token_ids: list[int] | None = None
     replica: int | None = None            # which replica served it (minibatch.cluster); None for one engine
     model: str | None = None              # the model the request asked for (minibatch.cluster), if any
+    computed_tokens: int = 0              # tokens the engine computed for it (recomputed ones included)
+    recomputed_tokens: int = 0            # of those, computed again after a recompute preemption
 
     @property
     def ttft(self) -> float | None:
@@ -158,7 +165,8 @@ class RequestRecord:
                    req.priority, req.tenant, req.first_scheduled_time, req.first_token_time, req.finish_time,
                    list(req.token_times), req.num_preemptions, req.num_cached_tokens,
                    req.status.value if req.status.finished else None, req.error,
-                   list(req.output_token_ids) if keep_tokens else None)
+                   list(req.output_token_ids) if keep_tokens else None,
+                   computed_tokens=req.num_computed_total, recomputed_tokens=req.num_recomputed_tokens)
 
 
 def records_from_events(events) -> list[RequestRecord]:
@@ -406,6 +414,10 @@ def summarize(records: list[RequestRecord], steps: list[StepRecord] | None = Non
     out["prefix_cache_hit_rate"] = (sum(r.num_cached_tokens for r in records) / prompt_total
                                     if prompt_total else 0.0)
     out["num_preemptions"] = sum(r.num_preemptions for r in records)
+    computed = sum(r.computed_tokens for r in records)
+    out["num_computed_tokens"] = computed
+    out["num_recomputed_tokens"] = sum(r.recomputed_tokens for r in records)
+    out["recompute_waste"] = out["num_recomputed_tokens"] / computed if computed else 0.0
     out["num_swapped_blocks"] = sum(s.num_swapped_out_blocks for s in steps)
     if steps:
         w = np.asarray([s.duration for s in steps], dtype=float)

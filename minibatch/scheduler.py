@@ -11,7 +11,14 @@ the front of the waiting queue; ``swap``: their blocks are copied to CPU first, 
 ``minibatch.swap``).
 
 Victims are taken from the end of the order (running requests the policy left out of
-the order come first: they rank below everything). A *waiting* request may only evict
+the order come first: they rank below everything). ``EngineConfig.preemption_victim`` chooses
+among the running requests ranked below the one that needs blocks (the policy's order decides
+who may be evicted, the rule decides which of them goes): ``last`` (default) the lowest ranked;
+``least_computed`` the one with the fewest computed tokens, so that a recompute throws away the
+least work (vllm#54644's least-computed-first); ``lowest_priority`` the largest ``(priority,
+arrival_time)`` (vLLM V1's victim under ``--scheduling-policy priority``). Under the last two a
+running request that needs a block is a candidate itself, as in vLLM, whose victim is taken from
+the whole running queue. A *waiting* request may only evict
 running ones if the policy is ``preemptive`` and the admission mode allows it
 (``minibatch.admission``); otherwise, once a waiting request is refused (no blocks, or
 admission control says no), no later waiting request is admitted this step, so the
@@ -217,7 +224,7 @@ class Scheduler:
             # KV blocks, preempting from the end of the order when the pool is short.
             ok = self._allocate(req, num_new, computed_blocks)
             while not ok and (evicting or not waiting):
-                victim = self._pick_victim(order, pos, preempted, scheduled)
+                victim = self._pick_victim(order, pos, preempted, scheduled, req)
                 if victim is None:
                     break
                 self._preempt(victim, now)
@@ -225,7 +232,11 @@ class Scheduler:
                 decodes_ahead.discard(victim.request_id)
                 batch.preempted.append(victim)
                 end = min(end, place.get(victim.request_id, end))
+                if victim is req:              # the rule chose the request that needs the blocks
+                    break
                 ok = self._allocate(req, num_new, computed_blocks)
+            if req.request_id in preempted:
+                continue
             if not ok:
                 if waiting:
                     admitting = self._refuse(req, keep_admitting)
@@ -238,6 +249,7 @@ class Scheduler:
                 continue
             if waiting:
                 self._admit(req, now)
+            self._count_computed(req, num_new)
             batch.items.append((req, num_new))
             scheduled.add(req.request_id)
             budget -= num_new
@@ -268,17 +280,44 @@ class Scheduler:
             return self.swapper.swap_in(req, num_new)
         return self.kv.allocate_slots(req, num_new, computed_blocks)
 
-    def _pick_victim(self, order, pos, preempted, scheduled) -> Request | None:
-        """The lowest-ranked running request not yet scheduled this step: first those the
-        policy left out of its order, then from the end of the order."""
+    def _pick_victim(self, order, pos, preempted, scheduled, req: Request | None = None) -> Request | None:
+        """The running request to preempt so that ``req`` (``order[pos]``) gets its blocks, or None.
+
+        Candidates: running requests not scheduled nor preempted this step, ranked below ``req``,
+        lowest ranked first: those the policy left out of its order, then from the end of the
+        order. ``config.preemption_victim`` picks one: ``last`` the first candidate;
+        ``least_computed`` the fewest ``num_computed_tokens``; ``lowest_priority`` the largest
+        ``(priority, arrival_time)``. Under those two, a running ``req`` is a candidate too, chosen
+        only if strictly the fewest computed / the lowest priority. Ties go to the lowest ranked."""
         in_order = {r.request_id for r in order}
         candidates = [r for r in reversed(self.running) if r.request_id not in in_order]
         candidates += reversed(order[pos + 1:])
-        for victim in candidates:
-            if (victim.status is RequestStatus.RUNNING and victim.request_id not in preempted
-                    and victim.request_id not in scheduled):
-                return victim
-        return None
+        rule = self.config.preemption_victim
+        if rule == "last":
+            for victim in candidates:
+                if (victim.status is RequestStatus.RUNNING and victim.request_id not in preempted
+                        and victim.request_id not in scheduled):
+                    return victim
+            return None
+        eligible = [v for v in candidates if v.status is RequestStatus.RUNNING and v.request_id not in preempted
+                    and v.request_id not in scheduled]
+        if req is not None and req.status is RequestStatus.RUNNING and req.request_id not in preempted:
+            eligible.append(req)
+        if not eligible:
+            return None
+        if rule == "least_computed":
+            return min(eligible, key=lambda r: r.num_computed_tokens)
+        return max(eligible, key=lambda r: (r.priority, r.arrival_time))
+
+    @staticmethod
+    def _count_computed(req: Request, num_new: int) -> None:
+        """The engine's own count of token compute: ``num_new`` tokens computed for ``req`` this
+        step, of which those below ``req.recompute_until`` (the most tokens a recompute
+        preemption ever threw away) are computed again: wasted work (prefix-cache hits on
+        resume are not computed, so not counted)."""
+        start = req.num_computed_tokens
+        req.num_computed_total += num_new
+        req.num_recomputed_tokens += max(0, min(start + num_new, req.recompute_until) - start)
 
     def _admit(self, req: Request, now: float) -> None:
         self.waiting.remove(req)
@@ -306,6 +345,7 @@ class Scheduler:
             req.status = RequestStatus.SWAPPED
         else:
             self.kv.free(req)
+            req.recompute_until = max(req.recompute_until, req.num_computed_tokens)
             req.num_computed_tokens = 0
             req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
