@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import types
 import typing
@@ -27,6 +28,7 @@ EXECUTORS = ("model", "sim")
 ADMISSION_MODES = ("max_utilization", "guaranteed_no_evict", "conservative", "static_batch")
 PRESET_NAMES = ("vllm", "sglang", "trtllm", "tgi")
 KV_OFFLOAD_POLICIES = ("write_through", "write_back")
+SPECULATIVE_METHODS = ("ngram",)
 # TensorRT-LLM's CapacitySchedulerPolicy names -> minibatch's admission modes (the same rules; see
 # minibatch.admission). ``capacity_scheduler_policy=`` is accepted as an alias of ``admission=``.
 CAPACITY_SCHEDULER_POLICIES = {"GUARANTEED_NO_EVICT": "guaranteed_no_evict",
@@ -140,6 +142,10 @@ class EngineConfig:
     attention_backend: str | None = option(None, "attention kernels (default: $MINIBATCH_KERNELS, else triton "
                                                  "on CUDA, cpu on CPU)", ATTENTION_BACKENDS)
     swap_space_blocks: int | None = option(None, "host blocks for swap preemption (default: as many as the pool)")
+    # Async scheduling (minibatch.overlap): vLLM's --async-scheduling (SchedulerConfig.async_scheduling).
+    async_scheduling: bool = option(False, "plan step N+1 while step N's forward runs (vLLM's async scheduling: "
+                                           "less CPU time between steps, one more step before a new request's "
+                                           "first token)")
     # A host tier below the device pool for prefix blocks (minibatch.kv_offload): off unless one is sized.
     kv_offloading_size: float | None = option(None, "host tier for prefix-cache blocks, in GiB (vLLM's "
                                                     "--kv-offloading-size; needs enable_prefix_caching)")
@@ -150,6 +156,10 @@ class EngineConfig:
                                     KV_OFFLOAD_POLICIES)
     kv_offload_bandwidth: float = option(25e9, "simulator: host<->device copy bandwidth in bytes/s (PCIe Gen4 x16 "
                                                "achieves ~25 GB/s per direction)")
+    # Multi-LoRA serving (minibatch.lora): vLLM's --enable-lora, --max-loras, --max-lora-rank.
+    enable_lora: bool = option(False, "serve LoRA adapters (a request names one with lora_request)")
+    max_loras: int = option(1, "adapter slots: most distinct LoRA adapters in one step (vLLM's max_loras)")
+    max_lora_rank: int = option(16, "largest LoRA rank accepted; slots are sized for it (vLLM's max_lora_rank)")
     preset: str | None = option(None, "a framework's defaults (policy, admission, chunking, limits) for the "
                                       "options not given; see minibatch.presets.describe(name)", PRESET_NAMES)
     # TGI's router (policy "tgi", minibatch.policies.tgi); max_inflight_requests applies to every policy.
@@ -164,6 +174,19 @@ class EngineConfig:
     max_inflight_requests: int | None = option(None, "backpressure (TGI's max_concurrent_requests): a request "
                                                      "arriving while this many wait or run is rejected "
                                                      "(default: no limit)")
+    # Speculative decoding inside the batch (minibatch.spec_decode): off unless a method is given.
+    speculative_method: str | None = option(None, "speculative decoding: 'ngram' (prompt lookup, vLLM's "
+                                                  "method='ngram'); greedy requests only", SPECULATIVE_METHODS)
+    num_speculative_tokens: int = option(0, "draft tokens per sequence and step (vLLM's num_speculative_tokens)")
+    prompt_lookup_min: int | None = option(None, "shortest n-gram the ngram drafter matches (vLLM's; default: "
+                                                 "prompt_lookup_max, or 5)")
+    prompt_lookup_max: int | None = option(None, "longest n-gram the ngram drafter matches (vLLM's; default: "
+                                                 "prompt_lookup_min, or 5)")
+    num_speculative_tokens_per_batch_size: list | None = option(
+        None, "draft length by batch size, JSON [[lo, hi, k], ...]: k drafts while lo <= running requests <= hi "
+              "(vLLM's name); other batch sizes use num_speculative_tokens", parse=json.loads)
+    spec_acceptance_rate: float = option(0.6, "simulator only: probability that each draft token is accepted "
+                                              "(until the first rejection)")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
@@ -213,7 +236,8 @@ class EngineConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting_tokens"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting_tokens", "max_loras",
+                     "max_lora_rank"):
             positive_int(name)
         for name in ("num_kv_blocks", "max_model_len", "kv_cache_memory_bytes", "max_batch_prefill_tokens",
                      "max_batch_total_tokens", "max_inflight_requests"):
@@ -235,12 +259,59 @@ class EngineConfig:
                                                    or self.swap_space_blocks < 0):
             raise ValueError(f"swap_space_blocks must be an integer >= 0, got {self.swap_space_blocks!r}")
         self._validate_kv_offload()
+        self._validate_async_scheduling()
+        self._validate_speculative()
         if not isinstance(self.max_wait_ms, (int, float)) or isinstance(self.max_wait_ms, bool) \
                 or not 0 <= self.max_wait_ms < float("inf"):
             raise ValueError(f"max_wait_ms must be a finite number >= 0, got {self.max_wait_ms!r}")
         if not isinstance(self.gpu_memory_utilization, (int, float)) \
                 or not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+
+    def _validate_speculative(self) -> None:
+        """The speculative-decoding options (minibatch.spec_decode)."""
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise ValueError(f"num_speculative_tokens must be an integer >= 0, got {k!r}")
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.prompt_lookup_min is not None and self.prompt_lookup_max is not None \
+                and self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min={self.prompt_lookup_min} must be <= "
+                             f"prompt_lookup_max={self.prompt_lookup_max}")
+        table = self.num_speculative_tokens_per_batch_size
+        if table is not None:
+            def is_int(x):
+                return isinstance(x, int) and not isinstance(x, bool)
+            if not isinstance(table, (list, tuple)) or not all(
+                    isinstance(e, (list, tuple)) and len(e) == 3 and all(map(is_int, e))
+                    and 1 <= e[0] <= e[1] and e[2] >= 0 for e in table):
+                raise ValueError("num_speculative_tokens_per_batch_size must be a list of [lo, hi, k] integer "
+                                 f"triples with 1 <= lo <= hi and k >= 0, got {table!r}")
+            spans = sorted((e[0], e[1]) for e in table)
+            if any(a[1] >= b[0] for a, b in zip(spans, spans[1:])):
+                raise ValueError(f"num_speculative_tokens_per_batch_size ranges overlap: {table!r}")
+        if (k or table) and self.speculative_method is None:
+            raise ValueError("num_speculative_tokens / num_speculative_tokens_per_batch_size need "
+                             "speculative_method (e.g. 'ngram')")
+        a = self.spec_acceptance_rate
+        if not isinstance(a, (int, float)) or isinstance(a, bool) or not 0.0 <= a <= 1.0:
+            raise ValueError(f"spec_acceptance_rate must be a probability in [0, 1], got {a!r}")
+
+    def _validate_async_scheduling(self) -> None:
+        """What async scheduling (minibatch.overlap) cannot be combined with."""
+        if not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling must be True or False, got {self.async_scheduling!r}")
+        if not self.async_scheduling:
+            return
+        if self.preemption_mode == "swap":
+            raise ValueError("async_scheduling needs preemption_mode='recompute': a swap copies a victim's KV "
+                             "while the step in flight may still write it")
+        if getattr(self, "speculative_method", None) is not None:
+            raise ValueError("async_scheduling does not support speculative_method (as in vLLM v0.11.0: "
+                             "async scheduling without speculative decoding)")
 
     def _validate_kv_offload(self) -> None:
         """The host tier's options (minibatch.kv_offload)."""

@@ -62,6 +62,17 @@ class LLMEngine:
         self._ids = itertools.count()
         self._listeners: list[Callable] = []
         self._swap_recorded = (0, 0)    # swap counters at the last StepRecord
+        # Async (overlap) scheduling (minibatch.overlap): None when off, the default.
+        self.overlap = None
+        if self.config.async_scheduling:
+            from minibatch.overlap import OverlapScheduler
+            self.overlap = OverlapScheduler(self)
+        # Speculative decoding counters (spec_decode_metrics): sequences that drafted, draft
+        # tokens verified, and drafts accepted.
+        self.spec_num_drafts = self.spec_num_draft_tokens = self.spec_num_accepted_tokens = 0
+        proposer = getattr(executor, "spec_proposer", None)     # the simulator drafts placeholders
+        if proposer is not None and self.scheduler.proposer is not None:
+            self.scheduler.proposer = proposer
 
     def _make_executor(self):
         if self.config.executor == "model":
@@ -138,8 +149,12 @@ class LLMEngine:
                              f"only {self.kv.num_blocks}; it can never be served")
 
     def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
-                    arrival_time: float | None = None, priority: int = 0, tenant: str | None = None) -> str:
-        """Queue a request; raises ``ValueError`` (and queues nothing) on bad input."""
+                    arrival_time: float | None = None, priority: int = 0, tenant: str | None = None,
+                    lora_request=None) -> str:
+        """Queue a request; raises ``ValueError`` (and queues nothing) on bad input.
+
+        ``lora_request`` (:class:`minibatch.lora.LoRARequest`, with ``enable_lora=True``) runs
+        the request with that adapter; a bad adapter is a ``ValueError`` naming the problem."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
@@ -153,9 +168,15 @@ class LLMEngine:
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
+        if lora_request is not None:
+            add_lora = getattr(self.executor, "add_lora", None)
+            if add_lora is None:
+                raise ValueError("lora_request given but this executor does not serve LoRA adapters")
+            add_lora(lora_request)
         now = self.clock.now()
         req = Request(request_id, ids, params, now if arrival_time is None else arrival_time,
-                      eos_token_ids=self.eos_token_ids, priority=priority, tenant=tenant, prompt=text)
+                      eos_token_ids=self.eos_token_ids, priority=priority, tenant=tenant, prompt=text,
+                      lora_request=lora_request)
         self.requests[request_id] = req
         self.scheduler.add(req)
         self._emit("arrival", req, at=req.arrival_time, prompt_len=req.num_prompt_tokens, priority=priority,
@@ -170,7 +191,8 @@ class LLMEngine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Queued or running requests, or (async scheduling) a step still in flight."""
+        return self.scheduler.has_unfinished() or (self.overlap is not None and self.overlap.busy)
 
     @property
     def num_running(self) -> int:
@@ -183,6 +205,8 @@ class LLMEngine:
     # -- the loop ------------------------------------------------------------------------
     def step(self) -> list[Request]:
         """Run one step; return the requests that got a token or finished in it."""
+        if self.overlap is not None:       # async scheduling: plan the next step during this one
+            return self.overlap.step()
         start = self.clock.now()
         batch = self.scheduler.schedule(start)
         stranded = self.kv.take_stranded_blocks()      # external fragmentation in this schedule
@@ -192,7 +216,6 @@ class LLMEngine:
             return []
         policy = self.scheduler.policy
         num_padded = policy.num_padded_slots
-        num_decode_tokens, num_prefill_tokens = batch.token_counts()    # a decode is one sequence
         for req, n in batch.items:
             if req.policy_state.get("_scheduled_once") is None:
                 req.policy_state["_scheduled_once"] = True
@@ -210,34 +233,70 @@ class LLMEngine:
             failed = {id(req) for req, _ in out.failed}
             items = [(req, n) for req, n in batch.items if id(req) not in failed]
         for req, n in items:
-            req.num_computed_tokens += n
+            req.num_computed_tokens += n - len(req.spec_token_ids)    # drafts count once accepted
             self.kv.cache_full_blocks(req)
         touched: list[Request] = []
+        last = None
         for req, token in out.sampled:
+            if req is last:          # the token before this one was an accepted draft: its KV stands
+                self.spec_num_accepted_tokens += 1
+                if req.is_finished:  # a stop inside the accepted run: the rest is dropped
+                    continue
+                req.num_computed_tokens += 1
+                self.kv.cache_full_blocks(req)
+            last = req
             self._append_token(req, token, now, out.logprobs.get(req.request_id))
-            touched.append(req)
+            if not touched or touched[-1] is not req:
+                touched.append(req)
+        if self.scheduler.proposer is not None:
+            self._end_speculation(batch)
         for req, error in out.failed:
             if not req.is_finished:
                 req.error = f"engine error in this request's step: {error}"
                 self._finish(req, RequestStatus.FINISHED_ABORTED)
                 touched.append(req)
         policy.on_step(items, now)
+        self._record_step(batch, start, now, out.forward_time, num_padded, stranded)
+        return touched
+
+    def _record_step(self, batch, start: float, now: float, forward_time: float, num_padded: int,
+                     stranded: int) -> None:
+        """Append the StepRecord of ``batch``, which ran from ``start`` to ``now``."""
+        num_decode_tokens, num_prefill_tokens = batch.token_counts()    # a decode is one sequence
         reserved, internal, frag_reserved, frag_internal = self.kv.slot_stats(self.scheduler.running)
         slots = self.kv.num_blocks * self.kv.block_size
         swapped_out, swapped_in = self._swap_counts_since_last_record()
         self.steps.append(StepRecord(
-            step=len(self.steps), start_time=start, duration=now - start, forward_time=out.forward_time,
+            step=len(self.steps), start_time=start, duration=now - start, forward_time=forward_time,
             num_seqs=batch.num_seqs,
             num_prefill_seqs=batch.num_seqs - num_decode_tokens, num_decode_seqs=num_decode_tokens,
             num_prefill_tokens=num_prefill_tokens, num_decode_tokens=num_decode_tokens,
             num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running),
             num_preempted=len(batch.preempted), kv_blocks_used=self.kv.num_used_blocks,
-            kv_blocks_total=self.kv.num_blocks, policy=policy.name, num_padded_slots=num_padded,
+            kv_blocks_total=self.kv.num_blocks, policy=self.scheduler.policy.name, num_padded_slots=num_padded,
             num_swapped_out_blocks=swapped_out, num_swapped_in_blocks=swapped_in,
             kv_reserved_unused=reserved / slots, kv_internal_waste=internal / slots,
             kv_reserved=frag_reserved / slots, kv_internal_frag=frag_internal / slots,
             kv_external_frag=stranded * self.kv.block_size / slots))
-        return touched
+
+    def _end_speculation(self, batch) -> None:
+        """Count this step's drafts (vLLM's spec_decode counters), give back the blocks that held
+        only rejected drafts (``minibatch.spec_decode.release_rejected_blocks``), clear the drafts."""
+        from minibatch.spec_decode import release_rejected_blocks
+        for req, _ in batch.items:
+            if req.spec_token_ids:
+                self.spec_num_drafts += 1
+                self.spec_num_draft_tokens += len(req.spec_token_ids)
+                if not req.is_finished:
+                    release_rejected_blocks(self.kv, req)
+                req.spec_token_ids = []
+
+    def spec_decode_metrics(self) -> dict[str, int]:
+        """The speculative-decoding counters under vLLM's Prometheus names
+        (``vllm/v1/spec_decode/metrics.py``, v0.11.0; ``_total`` is the exporter's suffix)."""
+        return {"vllm:spec_decode_num_drafts": self.spec_num_drafts,
+                "vllm:spec_decode_num_draft_tokens": self.spec_num_draft_tokens,
+                "vllm:spec_decode_num_accepted_tokens": self.spec_num_accepted_tokens}
 
     def _execute_isolated(self, batch, error: Exception):
         """The batch's step raised ``error``: run each request's part alone, so that only the
@@ -310,6 +369,8 @@ class LLMEngine:
             self._finish(req, status)
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
+        if self.overlap is not None:       # a token still in flight is not part of the output
+            self.overlap.drop_placeholder(req)
         req.status = status
         req.finish_time = self.clock.now()
         self.scheduler.remove(req)

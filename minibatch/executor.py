@@ -80,6 +80,10 @@ class ModelExecutor:
         # ... and runs decode steps of a few sequences as one C call (MINIBATCH_FUSED_DECODE=0: per op).
         self.fused_decode = (self.fused_ops and self.prepacked and env("MINIBATCH_FUSED_DECODE", "1") != "0"
                              and self.model.enable_fused_decode())
+        self.lora = None                # adapter slots and their device buffers (enable_lora; minibatch.lora)
+        if config.enable_lora:
+            from minibatch.lora import LoRASlots
+            self.lora = LoRASlots(self.model, mc, config.max_loras, config.max_lora_rank)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(mc.num_layers)]
@@ -96,6 +100,12 @@ class ModelExecutor:
         if not self.prepacked:
             return 0
         return warm_up_gemms(self.model, self.config.max_num_batched_tokens, self.config.max_num_seqs)
+
+    def add_lora(self, lora_request) -> None:
+        """Read and check a request's adapter (``ValueError`` naming the problem)."""
+        if self.lora is None:
+            raise ValueError("lora_request given but the engine was built without enable_lora=True")
+        self.lora.register(lora_request)
 
     def _blocks_from_budget(self) -> int:
         budget = self.config.kv_cache_memory_bytes
@@ -134,10 +144,16 @@ class ModelExecutor:
                 sample_idx.append(len(ids) - 1)
                 sample_reqs.append(r)
         pre_tables, pre_lens, starts = [], [], [0]
+        spec_rows: list[tuple[Request, int]] = []      # (speculating request, its first row)
         for r, n in chunks:
             p0 = r.num_computed_tokens
             table = kv.block_table(r.request_id)
-            ids.extend(r.all_token_ids[p0:p0 + n])
+            if r.spec_token_ids:        # the pending token, then the drafts (minibatch.spec_decode)
+                spec_rows.append((r, len(ids)))
+                ids.append(r.token_at(p0))
+                ids.extend(r.spec_token_ids)
+            else:
+                ids.extend(r.all_token_ids[p0:p0 + n])
             positions = range(p0, p0 + n)
             pos.extend(positions)
             slots.extend(table[p // bs] * bs + p % bs for p in positions)
@@ -174,12 +190,20 @@ class ModelExecutor:
             prefill_query_start_loc=tensor(starts, np.int32) if chunks else None,
             backend=self.backend,
         )
+        self._spec_rows = spec_rows
         return tensor(ids, np.int64), tensor(pos, np.int64), meta, sample_idx, sample_reqs
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, kv: KVCacheManager) -> StepOutput:
         t0 = time.perf_counter()
         input_ids, positions, meta, sample_idx, sample_reqs = self.prepare(batch, kv)
+        if self.lora is not None:       # rows in prepare's order: decodes first, then chunks
+            from minibatch.lora import lora_id
+            rows = [lora_id(r) for r, n in batch.items if is_decode(n)]
+            for r, n in batch.items:
+                if not is_decode(n):
+                    rows += [lora_id(r)] * n
+            self.lora.begin_step(rows)
         t1 = time.perf_counter()
         # A small CPU step may run on one OpenMP thread (minibatch.kernels.cpu_threads; off by default).
         with threads_for_step(input_ids.numel()) if self.device.type == "cpu" else nullcontext():
@@ -197,7 +221,28 @@ class ModelExecutor:
                 sampled = [(r, t) for i, (r, t) in enumerate(zip(sample_reqs, tokens)) if i not in errors]
                 failed = [(sample_reqs[i], describe_error(e)) for i, e in errors.items()]
                 logprobs = {sample_reqs[i].request_id: lp for i, lp in row_logprobs.items()}
+            if self._spec_rows:
+                sampled += self._verify(hidden, self._spec_rows)
+        if self.lora is not None:
+            self.lora.end_step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         t2 = time.perf_counter()
         return StepOutput(sampled, t2 - t0, t2 - t1, failed, logprobs)
+
+    def _verify(self, hidden: torch.Tensor, spec_rows: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
+        """Greedy verification of each speculating request's drafts: the argmax of its ``1 + k``
+        rows, the accepted prefix plus one token (``minibatch.spec_decode.accepted_tokens``),
+        as ``(request, token)`` pairs in order."""
+        from minibatch.sampler import argmax_rows
+        from minibatch.spec_decode import accepted_tokens
+
+        rows = [i for r, start in spec_rows for i in range(start, start + 1 + len(r.spec_token_ids))]
+        targets = argmax_rows(self.model.compute_logits(hidden[rows])).tolist()
+        out, j = [], 0
+        for r, _ in spec_rows:
+            n = 1 + len(r.spec_token_ids)
+            out += [(r, t) for t in accepted_tokens(r.spec_token_ids, targets[j:j + n])]
+            j += n
+        return out
+

@@ -33,13 +33,16 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False, lora_request=None) -> list[RequestOutput]:
         """Generate for each prompt (a string or a list of token ids), in input order.
 
         A prompt that fails validation does not stop the others: its output has
         ``finish_reason == "rejected"`` and ``error`` naming the problem. A request whose
         part of a step fails is aborted with its own error (``finish_reason == "abort"``)
-        and the others are unaffected. If anything else goes wrong (or the call is
+        and the others are unaffected. ``lora_request`` (one
+        :class:`~minibatch.lora.LoRARequest` for every prompt, or a list with one per prompt,
+        None for the base model; needs ``enable_lora=True``) runs prompts with adapters; a
+        prompt whose adapter is bad is rejected with an error naming it. If anything else goes wrong (or the call is
         interrupted), every request of this call is aborted and removed before the error
         propagates, so the object is as it was and the next call starts clean.
         """
@@ -54,13 +57,19 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        if isinstance(lora_request, (list, tuple)):
+            loras = list(lora_request)
+            if len(loras) != len(prompts):
+                raise ValueError(f"got {len(loras)} lora requests for {len(prompts)} prompts")
+        else:
+            loras = [lora_request] * len(prompts)
         engine = self.engine
         ids: list[str] = []
         bar = None
         try:
-            for prompt, p in zip(prompts, params):
+            for prompt, p, lora in zip(prompts, params, loras):
                 try:
-                    ids.append(engine.add_request(prompt, p))
+                    ids.append(engine.add_request(prompt, p, lora_request=lora))
                 except ValueError as e:     # recorded with params that can be built (a bad seed cannot)
                     ids.append(engine.reject(prompt, p if _valid(p) else None, str(e)).request_id)
                     engine.requests[ids[-1]] = engine.finished[-1]

@@ -37,8 +37,9 @@ class Request:
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  arrival_time: float, eos_token_ids: tuple[int, ...] = (), priority: int = 0,
-                 tenant: str | None = None, prompt: str | None = None):
+                 tenant: str | None = None, prompt: str | None = None, lora_request=None):
         self.request_id = request_id
+        self.lora_request = lora_request    # minibatch.lora.LoRARequest, or None for the base model
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -74,6 +75,9 @@ class Request:
             import torch
             self.generator = torch.Generator().manual_seed(sampling_params.seed)
         self.policy_state: dict = {}        # scratch space for scheduling policies
+        # Draft tokens scheduled this step after the pending token (speculative decoding,
+        # minibatch.spec_decode): the step computes 1 + len(spec_token_ids) positions.
+        self.spec_token_ids: list[int] = []
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from minibatch.admission import make_admission
 from minibatch.config import EngineConfig
 from minibatch.kv_cache import KVCacheManager
+from minibatch.lora import lora_id
 from minibatch.policies import Policy, SchedulerState, make_policy
 from minibatch.request import Request, RequestStatus
 
@@ -108,6 +109,12 @@ class Scheduler:
         self.swapper = None                  # set by the engine when preemption_mode == "swap"
         self.num_preemptions = 0
         self.admitted_this_step: set[str] = set()
+        # Speculative decoding (minibatch.spec_decode): the drafter, or None when off. The engine
+        # may replace it (the simulator's executor drafts placeholders).
+        self.proposer = None
+        if config.speculative_method == "ngram":
+            from minibatch.spec_decode import NgramProposer, lookup_range
+            self.proposer = NgramProposer(*lookup_range(config.prompt_lookup_min, config.prompt_lookup_max))
 
     @property
     def policy(self) -> Policy:
@@ -178,6 +185,9 @@ class Scheduler:
         preempted: set[str] = set()
         scheduled: set[str] = set()
         self.admitted_this_step = set()
+        spec_k = self._draft_length()
+        # Drafts never take a token a later decode of this step needs: running decodes after each place.
+        decodes_after = self._decodes_after(order) if spec_k else None
         admitting = True         # False once a waiting request was refused (non-evicting)
         evicting = policy.preemptive and self.admission.evicts
         keep_admitting = evicting and not policy.stop_at_refusal
@@ -191,6 +201,9 @@ class Scheduler:
         # MaxUtilizationScheduler moves its end, reqItEnd, to each request it pauses).
         end = len(order)
         place = {r.request_id: i for i, r in enumerate(order)} if policy.stop_at_refusal else {}
+        # LoRA adapter slots (vLLM's max_loras): the distinct adapters this step holds.
+        max_loras = c.max_loras if c.enable_lora else 0
+        loras: set[int] = set()
 
         for pos, req in enumerate(order):
             if pos >= end or budget <= 0 or len(batch.items) >= c.max_num_seqs:
@@ -201,6 +214,9 @@ class Scheduler:
             waiting = req.status is not RequestStatus.RUNNING
             if waiting and not admitting:
                 continue
+            lid = lora_id(req) if max_loras else 0
+            if lid and lid not in loras and len(loras) >= max_loras:
+                continue      # every adapter slot is taken this step: it waits, the walk goes on (vLLM)
             computed_blocks: list[int] = []
             if req.status is RequestStatus.WAITING:
                 computed_blocks, req.num_computed_tokens = self.kv.get_computed_blocks(req)
@@ -222,7 +238,14 @@ class Scheduler:
                 admitting = self._refuse(req, keep_admitting)
                 continue
             # KV blocks, preempting from the end of the order when the pool is short.
-            ok = self._allocate(req, num_new, computed_blocks)
+            drafts = self._drafts(req, spec_k, budget - 1 - decodes_after[pos]) \
+                if spec_k and not waiting and is_decode(num_new) else []
+            if drafts and self._allocate(req, 1 + len(drafts), computed_blocks):
+                req.spec_token_ids = drafts            # (no blocks for them: the decode alone)
+                num_new += len(drafts)
+                ok = True
+            else:
+                ok = self._allocate(req, num_new, computed_blocks)
             while not ok and (evicting or not waiting):
                 victim = self._pick_victim(order, pos, preempted, scheduled, req)
                 if victim is None:
@@ -253,7 +276,42 @@ class Scheduler:
             batch.items.append((req, num_new))
             scheduled.add(req.request_id)
             budget -= num_new
+            if lid:
+                loras.add(lid)
         return batch
+
+    def _draft_length(self) -> int:
+        """Drafts per speculating sequence this step (0: speculation off), chosen by the number
+        of running requests (``num_speculative_tokens_per_batch_size``). Clears last step's drafts."""
+        for r in self.running:
+            r.spec_token_ids = []
+        if self.proposer is None:
+            return 0
+        from minibatch.spec_decode import draft_length
+        c = self.config
+        return draft_length(c.num_speculative_tokens, c.num_speculative_tokens_per_batch_size, len(self.running))
+
+    def _decodes_after(self, order: list[Request]) -> list[int]:
+        """For each place in ``order``: the running decodes after it among the first
+        ``max_num_seqs`` (the tokens drafts must leave in the budget for them)."""
+        limit = self.config.max_num_seqs
+        after = [0] * (len(order) + 1)
+        for i in range(len(order) - 1, -1, -1):
+            after[i] = after[i + 1]
+            if i + 1 < len(order) and i + 1 < limit:
+                nxt = order[i + 1]
+                if nxt.status is RequestStatus.RUNNING and is_decode(nxt.num_tokens - nxt.num_computed_tokens):
+                    after[i] += 1
+        return after
+
+    def _drafts(self, req: Request, k: int, room: int) -> list[int]:
+        """The proposer's drafts for a running decode: at most ``k``, what the budget has room
+        for, and what the request can still keep (:func:`minibatch.spec_decode.max_drafts`)."""
+        from minibatch.spec_decode import can_speculate, max_drafts
+        k = min(k, room, max_drafts(req, self.max_model_len))
+        if k <= 0 or not can_speculate(req):
+            return []
+        return self.proposer.propose(req, k)[:k]
 
     def _checked(self, order: list[Request]) -> list[Request]:
         """The policy's order, keeping only queued requests, each once."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minibatch.engine import LLMEngine
+from minibatch.lora import adapter_view
 from minibatch.routing.view import ReplicaView
 
 
@@ -140,4 +141,4 @@ class Replica:
             cached = len(kv.radix.match_prefix(prompt_token_ids, max_blocks)) * kv.block_size
         return ReplicaView(self.index, self.model, load.num_running, load.num_waiting, load.kv_blocks_used,
                            kv.num_blocks, kv.block_size, load.in_flight_tokens, load.active_blocks,
-                           cached, len(self.ids))
+                           cached, len(self.ids), **adapter_view(self.engine))

@@ -95,6 +95,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class Attention(nn.Module):
     fused_cpu_ops = False       # set by LlamaModel.use_fused_cpu_ops: RoPE in C, in place
+    lora = None                 # minibatch.lora's hook (enable_lora): adds adapters' deltas
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -112,6 +113,8 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, meta: AttentionMetadata, k_cache, v_cache):
         n = x.shape[0]
         qkv = self.qkv_proj(x)
+        if self.lora is not None:
+            self.lora("qkv", x, qkv)
         if self.q_norm is not None:
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = self.q_norm(q.view(n, self.num_heads, self.head_dim))
@@ -142,11 +145,16 @@ class Attention(nn.Module):
             out[d:] = kernels.paged_prefill_attention(q[d:], k_cache, v_cache, meta.prefill_block_tables,
                                                       meta.prefill_context_lens, meta.prefill_query_start_loc,
                                                       self.scale, backend=meta.backend)
+        if self.lora is not None:
+            y = self.o_proj(out := out.view(n, self.q_size))
+            self.lora("o", out, y)
+            return y
         return self.o_proj(out.view(n, self.q_size))
 
 
 class MLP(nn.Module):
     fused_cpu_ops = False       # set by LlamaModel.use_fused_cpu_ops
+    lora = None                 # minibatch.lora's hook (enable_lora)
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -155,10 +163,24 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x):
+        if self.lora is not None:
+            return self._forward_lora(x)
         if self.fused_cpu_ops:
             return self.down_proj(cpu_paged.silu_mul_c(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate, inplace=True) * up)   # silu in place; the product is contiguous
+
+    def _forward_lora(self, x):
+        gate_up = self.gate_up_proj(x)
+        self.lora("gate_up", x, gate_up)
+        if self.fused_cpu_ops:
+            h = cpu_paged.silu_mul_c(gate_up)
+        else:
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)
+            h = F.silu(gate) * up
+        y = self.down_proj(h)
+        self.lora("down", h, y)
+        return y
 
 
 class DecoderLayer(nn.Module):
@@ -192,6 +214,7 @@ class LlamaModel(nn.Module):
         self._lm_head_panels: torch.Tensor | None = None     # set by prepack_for_cpu
         self.fused_cpu_ops = False                           # set by use_fused_cpu_ops
         self._fused_decode: FusedDecode | None = None        # set by enable_fused_decode
+        self.lora_slots = None                               # minibatch.lora.LoRASlots (enable_lora)
 
     def rope_cache(self, device, dtype):
         if self._rope_cache is None or self._rope_cache[0].device != device or self._rope_cache[0].dtype != dtype:
@@ -205,7 +228,8 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         n = input_ids.shape[0]
-        if self._fused_decode is not None and 0 < n <= SMALL_M_ROWS and meta.num_decode_tokens == n:
+        if self._fused_decode is not None and 0 < n <= SMALL_M_ROWS and meta.num_decode_tokens == n \
+                and (self.lora_slots is None or self.lora_slots.groups is None):   # no adapter in this step
             return self._fused_decode(input_ids, positions, meta, kv_caches)
         x = self.embed_tokens(input_ids)
         cos_cache, sin_cache = self.rope_cache(x.device, x.dtype)

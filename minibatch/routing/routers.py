@@ -25,6 +25,8 @@ Seeded routers draw from their own ``random.Random(seed)``, so runs are reproduc
                     match in per-replica trees of what was routed there
 ``kv_aware``        NVIDIA Dynamo's KV router cost: overlap weight x prefill blocks + decode
                     blocks, lowest wins (optional softmax temperature)
+``lora_affinity``   the Gateway API Inference Extension's rule: replicas already running the
+                    request's LoRA adapter (or with a free adapter slot), then least queue
 ==================  ================================================================
 """
 
@@ -360,3 +362,73 @@ class KVAware(Router):
             if r <= acc:
                 return i
         return len(probs) - 1
+
+
+# -- adapter-aware router ---------------------------------------------------------------
+
+def _least_range(views: list[ReplicaView], key) -> list[ReplicaView]:
+    """The views whose ``key`` lies in ``[min, min + (max - min) / len(views)]``: the Gateway API
+    Inference Extension's least-queue and least-KV filters (a band near the minimum, not the
+    minimum alone, "as it gives more choices for the next filter")."""
+    values = [key(v) for v in views]
+    lo, hi = min(values), max(values)
+    band = (hi - lo) // len(views) if all(isinstance(x, int) for x in values) else (hi - lo) / len(views)
+    return [v for v, x in zip(views, values) if lo <= x <= lo + band]
+
+
+@register
+class LoRAAffinity(Router):
+    """Prefer replicas where the request's LoRA adapter is already running or queued.
+
+    Source: the Gateway API Inference Extension (the endpoint picker llm-d builds on), v0.3.0,
+    ``pkg/epp/scheduling/scheduler.go`` (``lowLatencyFilter``) and ``filter.go``
+    (``loRASoftAffinityFilter``, ``leastQueuingFilterFunc``, ``leastKVCacheFilterFunc``); the
+    same filters are plugins in v0.5.0 (``pkg/epp/scheduling/framework/plugins/filter/``).
+    The decision tree for a request:
+
+    1. low queue: replicas with fewer than ``queue_threshold`` waiting requests (128).
+       If there are any: LoRA affinity among them, then least queue, then least KV.
+       If none: least queue among all, then LoRA affinity, then least KV.
+    2. LoRA affinity: replicas whose running or waiting requests use the adapter
+       (vLLM's ``vllm:lora_requests_info`` gauge) form the affinity group; replicas with room for
+       one more adapter (running + waiting adapters < ``max_loras``) the available group. With
+       both, the affinity group with probability ``affinity_threshold`` (0.999), else the
+       available one; else whichever is not empty; else every replica goes on.
+    3. least queue / least KV: the band ``[min, min + (max - min) / n]`` of waiting requests /
+       KV usage. The last replicas left: one at random (seeded; GIE draws at random too).
+
+    The request's adapter is its ``adapter_field`` attribute (default ``"lora_name"``; a
+    workload whose tenants each have their own adapter passes ``adapter_field="tenant"``).
+    A request without an adapter skips the affinity filter.
+    """
+
+    name = "lora_affinity"
+
+    def __init__(self, seed: int = 0, queue_threshold: int = 128, affinity_threshold: float = 0.999,
+                 adapter_field: str = "lora_name"):
+        self.rng = _random.Random(seed)
+        self.queue_threshold = queue_threshold
+        self.affinity_threshold = affinity_threshold
+        self.adapter_field = adapter_field
+
+    def _affinity(self, adapter, views: list[ReplicaView]) -> list[ReplicaView]:
+        if adapter is None:
+            return views
+        affinity = [v for v in views if adapter in v.running_adapters or adapter in v.waiting_adapters]
+        available = [v for v in views if v not in affinity
+                     and len(v.running_adapters | v.waiting_adapters) < v.max_loras]
+        if affinity and available:
+            return affinity if self.rng.random() < self.affinity_threshold else available
+        return affinity or available or views
+
+    def choose(self, request, replicas, now):
+        adapter = getattr(request, self.adapter_field, None)
+        low = [v for v in replicas if v.num_waiting < self.queue_threshold]
+        if low:
+            views = self._affinity(adapter, low)
+            views = _least_range(views, lambda v: v.num_waiting)
+        else:
+            views = self._affinity(adapter, _least_range(replicas, lambda v: v.num_waiting))
+        views = _least_range(views, lambda v: v.kv_usage)
+        pick = views[self.rng.randrange(len(views))] if len(views) > 1 else views[0]
+        return replicas.index(pick)

@@ -27,6 +27,11 @@ class ReplicaView:
     active_blocks: int            # KV blocks those tokens fill, sum of ceil(tokens / block_size)
     cached_prefix_tokens: int = 0  # this request's prompt tokens in its prefix cache (0 if caching is off)
     num_routed: int = 0           # requests routed to it so far
+    # LoRA adapters (vLLM's vllm:lora_requests_info gauge: running_lora_adapters, waiting_lora_adapters,
+    # max_lora): the adapter names of its running and of its waiting requests, and its slots (0: no LoRA).
+    running_adapters: frozenset = frozenset()
+    waiting_adapters: frozenset = frozenset()
+    max_loras: int = 0
 
     @property
     def num_requests(self) -> int:
