@@ -108,6 +108,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.swapper = None                  # set by the engine when preemption_mode == "swap"
         self.num_preemptions = 0
+        self.num_recomputed_tokens = 0       # cumulative (the server's minibatch:recomputed_tokens_total)
         self.admitted_this_step: set[str] = set()
         # Speculative decoding (minibatch.spec_decode): the drafter, or None when off. The engine
         # may replace it (the simulator's executor drafts placeholders).
@@ -272,7 +273,7 @@ class Scheduler:
                 continue
             if waiting:
                 self._admit(req, now)
-            self._count_computed(req, num_new)
+            self.num_recomputed_tokens += self._count_computed(req, num_new)
             batch.items.append((req, num_new))
             scheduled.add(req.request_id)
             budget -= num_new
@@ -368,14 +369,16 @@ class Scheduler:
         return max(eligible, key=lambda r: (r.priority, r.arrival_time))
 
     @staticmethod
-    def _count_computed(req: Request, num_new: int) -> None:
+    def _count_computed(req: Request, num_new: int) -> int:
         """The engine's own count of token compute: ``num_new`` tokens computed for ``req`` this
         step, of which those below ``req.recompute_until`` (the most tokens a recompute
         preemption ever threw away) are computed again: wasted work (prefix-cache hits on
-        resume are not computed, so not counted)."""
+        resume are not computed, so not counted). Returns the tokens computed again."""
         start = req.num_computed_tokens
+        again = max(0, min(start + num_new, req.recompute_until) - start)
         req.num_computed_total += num_new
-        req.num_recomputed_tokens += max(0, min(start + num_new, req.recompute_until) - start)
+        req.num_recomputed_tokens += again
+        return again
 
     def _admit(self, req: Request, now: float) -> None:
         self.waiting.remove(req)

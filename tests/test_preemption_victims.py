@@ -231,6 +231,21 @@ def test_tiny_model_outputs_do_not_depend_on_the_victim_rule(rule):
     assert got == ref
 
 
+def test_metrics_page_counts_the_recomputed_tokens():
+    from minibatch.serving.metrics import ServingMetrics, engine_gauges
+    from minibatch.serving.scrape import parse_page
+
+    engine = LLMEngine(EngineConfig.from_kwargs(model="tiny", max_num_seqs=8, block_size=8, num_kv_blocks=9))
+    for i, n in enumerate((6, 19, 33, 12, 27)):
+        engine.add_request([3 + (5 * i + j) % 200 for j in range(n)],
+                           SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), request_id=str(i))
+    drive(engine)
+    page = parse_page(ServingMetrics("tiny").render(engine_gauges(engine), 0))
+    wasted = sum(r.num_recomputed_tokens for r in engine.requests.values())
+    assert wasted > 0
+    assert page[("minibatch:recomputed_tokens_total", (("engine", "0"), ("model_name", "tiny")))] == wasted
+
+
 # -- priority preemption of running requests (vllm#40004) --------------------------------------
 def test_at_max_num_seqs_a_waiting_urgent_request_displaces_a_running_one_only_when_preemptive():
     """vllm#40004: with every sequence slot taken by less urgent running requests, vLLM V1's

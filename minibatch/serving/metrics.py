@@ -29,7 +29,9 @@ series, in which ``vllm:gpu_cache_usage_perc`` is the deprecated alias of
 =====================================  =========  =============================================
 
 minibatch's own, under ``minibatch:``: ``num_requests_in_flight`` (HTTP requests admitted and
-not finished), ``kv_cache_used_blocks``, ``kv_cache_total_blocks`` and
+not finished), ``kv_cache_used_blocks``, ``kv_cache_total_blocks``, ``recomputed_tokens_total`` (tokens computed again after a recompute
+preemption threw their KV away: the engine's wasted compute, vllm#54644's "recompute tax"; the
+run summary's ``num_recomputed_tokens``) and
 ``request_rejected_total`` (refused before the engine, by ``reason``: overload, invalid,
 unauthorized, too_large (413), timeout (408), host (a Host header not allowed), media_type
 (415), disconnected (the client left while sending its body)).
@@ -74,6 +76,7 @@ def engine_gauges(engine) -> dict:
     return {"running": len(sched.running), "waiting": len(sched.waiting),
             "kv_used_blocks": kv.num_used_blocks, "kv_total_blocks": kv.num_blocks,
             "kv_usage": kv.usage, "preemptions": sched.num_preemptions,
+            "recomputed_tokens": getattr(sched, "num_recomputed_tokens", 0),
             "prefix_queries": kv.prefix_queries, "prefix_hits": kv.prefix_hits,
             "prefix_host_hits": getattr(kv, "prefix_host_hits", 0),
             "host_tier": _host_tier_counters(getattr(kv, "host", None))}
@@ -157,6 +160,8 @@ class _Snapshot:
                     self.num_in_flight)
         yield gauge("minibatch:kv_cache_used_blocks", "KV cache blocks in use.", g["kv_used_blocks"])
         yield gauge("minibatch:kv_cache_total_blocks", "KV cache blocks in the pool.", g["kv_total_blocks"])
+        yield counter("minibatch:recomputed_tokens", "Tokens computed again after a recompute preemption "
+                      "threw their KV away (wasted compute).", g.get("recomputed_tokens", 0))
 
 
 class ServingMetrics:
