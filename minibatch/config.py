@@ -183,8 +183,8 @@ class EngineConfig:
     prompt_lookup_max: int | None = option(None, "longest n-gram the ngram drafter matches (vLLM's; default: "
                                                  "prompt_lookup_min, or 5)")
     num_speculative_tokens_per_batch_size: list | None = option(
-        None, "draft length by batch size, JSON [[lo, hi, k], ...]: k drafts while lo <= running requests <= hi "
-              "(vLLM's name); other batch sizes use num_speculative_tokens", parse=json.loads)
+        None, "draft length by batch size, JSON [[lo, hi, k], ...]: k drafts while lo <= running requests <= hi, "
+              "a gap inherits the range below, at most num_speculative_tokens (vLLM's name)", parse=json.loads)
     spec_acceptance_rate: float = option(0.6, "simulator only: probability that each draft token is accepted "
                                               "(until the first rejection)")
 

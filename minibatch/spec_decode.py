@@ -86,14 +86,18 @@ def lookup_range(prompt_lookup_min: int | None, prompt_lookup_max: int | None) -
 def draft_length(num_speculative_tokens: int, per_batch_size, batch_size: int) -> int:
     """Draft tokens per sequence at ``batch_size`` running requests.
 
-    ``per_batch_size``: ``[[lo, hi, k], ...]`` (vLLM's ``num_speculative_tokens_per_batch_size``
-    shape): ``k`` drafts when ``lo <= batch_size <= hi``; a batch size no range covers uses
-    ``num_speculative_tokens``. ``None``: always ``num_speculative_tokens``."""
+    ``per_batch_size``: ``[[lo, hi, k], ...]``, vLLM's ``num_speculative_tokens_per_batch_size``
+    (dynamic speculative decoding, vLLM PR #32374): ``k`` drafts while ``lo <= batch_size <= hi``
+    (inclusive); a batch size between ranges (or above the last) inherits the ``k`` of the
+    range below it; the result is clamped to ``num_speculative_tokens`` (the maximum). Below
+    the first range, or ``None``: ``num_speculative_tokens``."""
+    k = num_speculative_tokens
     if per_batch_size:
-        for lo, hi, k in per_batch_size:
-            if lo <= batch_size <= hi:
-                return k
-    return num_speculative_tokens
+        for lo, hi, kk in sorted(per_batch_size):
+            if lo > batch_size:
+                break
+            k = min(num_speculative_tokens, kk)
+    return k
 
 
 def accepted_tokens(draft: list[int], target: list[int]) -> list[int]:

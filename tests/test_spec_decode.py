@@ -73,8 +73,10 @@ def test_expected_tokens_per_step():
 
 
 def test_draft_length_by_batch_size():
-    table = [[1, 4, 3], [5, 16, 1]]
-    assert [draft_length(0, table, b) for b in (1, 4, 5, 16, 17)] == [3, 3, 1, 1, 0]
+    table = [[1, 4, 3], [9, 16, 1]]
+    assert [draft_length(3, table, b) for b in (1, 4, 5, 8, 9, 16, 17, 500)] == [3, 3, 3, 3, 1, 1, 1, 1]
+    assert draft_length(2, table, 1) == 2                  # clamped to num_speculative_tokens
+    assert draft_length(4, [[3, 8, 1]], 2) == 4            # below the first range
     assert draft_length(2, None, 100) == 2
 
 
@@ -292,7 +294,7 @@ def test_drafts_count_against_the_budget_and_never_take_a_later_decodes_token():
 
 def test_draft_length_follows_the_batch_size_table():
     table = [[1, 2, 3], [3, 512, 0]]
-    engine, executor = _fake_engine(num_speculative_tokens=0, num_speculative_tokens_per_batch_size=table)
+    engine, executor = _fake_engine(num_speculative_tokens=3, num_speculative_tokens_per_batch_size=table)
     _run(engine, FAKE_PROMPTS, max_tokens=[10, 12, 40, 40])   # k = 0 while 3+ run, up to 3 once 2 are left
     drafts_at = {}
     for b in executor.batches:
