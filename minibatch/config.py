@@ -293,6 +293,9 @@ class EngineConfig:
             spans = sorted((e[0], e[1]) for e in table)
             if any(a[1] >= b[0] for a, b in zip(spans, spans[1:])):
                 raise ValueError(f"num_speculative_tokens_per_batch_size ranges overlap: {table!r}")
+            if not spans or spans[0][0] != 1:     # as vLLM 0.34.0 (vllm/v1/spec_decode/dynamic/utils.py)
+                raise ValueError("num_speculative_tokens_per_batch_size: the first range must start at batch "
+                                 f"size 1, got {table!r}")
         if (k or table) and self.speculative_method is None:
             raise ValueError("num_speculative_tokens / num_speculative_tokens_per_batch_size need "
                              "speculative_method (e.g. 'ngram')")

@@ -89,8 +89,11 @@ def draft_length(num_speculative_tokens: int, per_batch_size, batch_size: int) -
     ``per_batch_size``: ``[[lo, hi, k], ...]``, vLLM's ``num_speculative_tokens_per_batch_size``
     (dynamic speculative decoding, vLLM PR #32374): ``k`` drafts while ``lo <= batch_size <= hi``
     (inclusive); a batch size between ranges (or above the last) inherits the ``k`` of the
-    range below it; the result is clamped to ``num_speculative_tokens`` (the maximum). Below
-    the first range, or ``None``: ``num_speculative_tokens``."""
+    range below it; the result is clamped to ``num_speculative_tokens`` (the maximum), as
+    vLLM 0.34.0's ``build_dynamic_sd_schedule_lookup`` (``vllm/v1/spec_decode/dynamic/utils.py``).
+    ``None``: ``num_speculative_tokens``. (vLLM requires the first range to start at 1;
+    :class:`~minibatch.config.EngineConfig` checks it; below it this returns
+    ``num_speculative_tokens``.)"""
     k = num_speculative_tokens
     if per_batch_size:
         for lo, hi, kk in sorted(per_batch_size):

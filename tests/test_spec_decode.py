@@ -90,6 +90,7 @@ def test_draft_length_by_batch_size():
      "num_speculative_tokens_per_batch_size"),
     (dict(speculative_method="ngram", num_speculative_tokens_per_batch_size=[[1, 8, 2], [4, 9, 1]]),
      "overlap"),
+    (dict(speculative_method="ngram", num_speculative_tokens_per_batch_size=[[2, 9, 1]]), "start at batch size 1"),
     (dict(spec_acceptance_rate=1.5), "spec_acceptance_rate"),
 ])
 def test_bad_speculative_options_name_the_field(bad, field):
