@@ -246,7 +246,7 @@ def readme_table(root: Path = ROOT) -> str:
     coming_labs = [int(lab.lab_id[1:]) for lab in LABS if lab.lab_id not in labs]
     tail = ""
     if coming:
-        tail = (f"\n\nComing, in the same form: chapters {_ranges(coming)}"
+        tail = (f"\n\nComing, in the same form: chapter{'s' if len(coming) > 1 else ''} {_ranges(coming)}"
                 + (f" and labs {_ranges(coming_labs, 'L')}" if coming_labs else "")
                 + ". The landing page [`COURSE.md`](COURSE.md) (what `make course` opens first) maps all "
                   f"{len(titles)} chapters and {len(LABS)} labs.")
