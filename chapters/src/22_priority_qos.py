@@ -18,7 +18,8 @@
 # - 在模拟的 Llama-2-7B / A100-80G 上复现优先级反转：紧急请求排在队首，却要等低优先级请求释放 KV；
 # - 用“反转延迟”与“被抢占者要重算的 Token”两个量比较修复的收益与代价；
 # - 在交互类 + 批处理类的混合负载上、稳态下（多个种子，取中位数）比较 FCFS、非抢占式、抢占式、KV 配额与并发上限；
-# - 在真实的 tiny 模型上验证：换哪种优先级规则，贪心输出都逐 Token 不变。
+# - 在真实的 tiny 模型上验证：换哪种优先级规则，贪心输出都逐 Token 不变；
+# - 复现 vLLM issue #40004：序列槽位（`max_num_seqs`）占满时，vLLM V1 的优先级调度让紧急请求排队，抢占式规则让它立即运行。
 
 # %%
 import inspect
@@ -48,6 +49,8 @@ MIX_POOL, RESERVE, MAX_RUN_LO = 300, 64, 6
 SLO_TTFT, ATT_TARGET = 0.2, 0.9
 LEN = dict(prompt=512, hi_out=32, lo_out=192)
 MIX_DUR, HI_RATE, LO_RATE, SEEDS, TRIM22 = 60.0, 1.0, 2.0, [1, 2, 3], 0.2
+# 22.5: the sequence slots (max_num_seqs) of the slot-bound runs, and the pool, large enough for everyone
+SLOTS, SLOT_POOL = 8, 4000
 # 22.4: the tiny model's case (class-1 requests, their prompt and output, the pool, the step class 0 arrives at, ...)
 TINY = dict(n_lo=6, prompt_lo=40, out_lo=40, pool=20, ref_pool=64, at_step=8, prompt_hi=64, out_hi=8, quota=14)
 print("minibatch", minibatch.__version__)
@@ -385,8 +388,71 @@ assert tiny_first["preemptive"] < tiny_first["non-preemptive"]
 # %% [markdown]
 # 在真实模型上也是同样的图景：非抢占式下 0 类请求在到达后第 {{tiny_first["non-preemptive"]}} 步才出第一个 Token，
 # 抢占式下第 {{tiny_first["preemptive"]}} 步，而所有请求的输出与不抢占的对照运行完全相同。
+
+# %% [markdown]
+# ## 22.5 槽位造成的反转：等待中的请求能否挤掉运行中的（vLLM issue #40004）
 #
-# ## 22.5 动手：预留多少块
+# 22.2 节的反转来自被持有的 **KV**。还有一种更简单的资源也会被持有：**序列槽位**（`max_num_seqs`，一步里最多的请求数）。
+# vLLM issue #40004（“[Feature]: Priority scheduling supports preemption of requests in the running queue by requests in the waiting queue”，
+# 2026-04-16 提出，标签 feature request / help wanted，至今未关闭）描述的正是它：现在的优先级调度只在资源不够时从运行队列里赶走低优先级请求；
+# 而调度等待队列时，如果等待的请求排不进去（例如运行队列已达 `max_num_seqs`），**即使是高优先级请求也不能抢占运行队列里的请求**。
+# 维护者的回复是“this seems like a serious issue”。原因在 `vllm/v1/core/sched/scheduler.py` 的 `Scheduler.schedule`
+# （main 分支快照提交 `00024d3`）：等待队列的循环一开头就是 `if len(self.running) == self.max_num_running_reqs: break`，
+# 不看优先级。修复它的 PR #45558、#45561（2026-06）与 #54530（2026-08）都还开着，做法相同：槽位满时，若等待请求的 `priority`
+# **严格**小于运行队列里 `max(running, key=(priority, arrival_time))` 的那个，就抢占它（只比 `priority`，不用到达时间打破平局，
+# 以免同级请求来回抢占）；KV 不够时的等待队列抢占留作后续。
+#
+# minibatch 的抢占式 `priority` 策略本来就这样做：紧急的等待请求在顺序里排到低优先级的运行中请求前面，`max_num_seqs`
+# 从顺序的前面数，被挤出这一步的是级别最低的运行中请求。差别在于 minibatch 的 `max_num_seqs` 限制的是**一步的批**而不是运行集合，
+# 被挤出的请求**暂停**、保留它的 KV，下一步有空位就接着算，不必重算；只有 KV 也不够时才真的抢占（22.2 节），
+# 抢占哪个由第 12 章的 `preemption_victim` 决定——在优先级策略下，默认的 `"last"` 就是级别最低者。
+#
+# 实验：22.3 节的混合负载，池放大到 {{SLOT_POOL}} 块（KV 永远够用），`max_num_seqs` = {{SLOTS}}，让槽位成为唯一的瓶颈；
+# 比较非抢占式（vLLM V1 的规则）与抢占式，{{len(SEEDS)}} 个种子取中位数：
+
+# %%
+def run_slots(workload, policy):
+    """22.3's load with KV to spare: only the sequence slots (max_num_seqs) are short."""
+    engine = LLMEngine(EngineConfig.from_kwargs(**SIM, num_kv_blocks=SLOT_POOL, max_num_seqs=SLOTS), clock="virtual")
+    engine.scheduler.policy = policy
+    result = run(workload, engine=engine)
+    assert all(q.completed for q in result.requests), "no request is lost"
+    return result
+
+
+slot_grid = {(name, s): steady_classes(run_slots(mixed(s), MIX_POLICIES[name]()))
+             for s in SEEDS for name in ("non-preemptive", "preemptive")}
+slot_rows = []
+for name in ("non-preemptive", "preemptive"):
+    m = {k: float(np.median([slot_grid[name, s][k] for s in SEEDS])) for k in ("hi_p50", "hi_p90", "attain", "lo_tok_s", "preempt")}
+    slot_rows.append([name, f"{m['hi_p50'] * 1e3:.0f}", f"{m['hi_p90'] * 1e3:.0f}", f"{m['attain']:.0%}", f"{m['lo_tok_s']:.0f}",
+                      f"{m['preempt']:.0f}"])
+md_table(["rule", "class-0 TTFT p50 (ms)", "class-0 TTFT p90 (ms)", f"class 0 within {SLO_TTFT * 1e3:.0f} ms",
+          "class-1 tok/s", "preemptions"], slot_rows)
+
+# %%
+def slot_med(name, key):
+    return float(np.median([slot_grid[name, s][key] for s in SEEDS]))
+
+
+slot_p90 = slot_med("preemptive", "hi_p90") / slot_med("non-preemptive", "hi_p90")
+slot_tput = slot_med("preemptive", "lo_tok_s") / slot_med("non-preemptive", "lo_tok_s")
+slot_att = {name: slot_med(name, "attain") for name in ("non-preemptive", "preemptive")}
+print(f"class-0 TTFT p90 preemptive / non-preemptive x{slot_p90:.3f}; class-1 tok/s x{slot_tput:.2f}; "
+      f"attainment {slot_att['non-preemptive']:.0%} -> {slot_att['preemptive']:.0%}")
+
+# %% tags=["check"]
+assert slot_p90 < 0.5 and slot_att["preemptive"] >= ATT_TARGET > slot_att["non-preemptive"], "the prose: slots invert"
+assert abs(slot_tput - 1) < 0.05 and slot_med("preemptive", "preempt") == 0, "pausing costs no recompute here"
+
+# %% [markdown]
+# 槽位满时，非抢占式规则下 0 类请求的 TTFT p90 是抢占式的 {{1 / slot_p90:.0f}} 倍，只有 {{slot_att["non-preemptive"]:.0%}}
+# 的请求在 {{SLO_TTFT * 1e3:.0f}} ms 内拿到首 Token；抢占式下是 {{slot_att["preemptive"]:.0%}}，达到 {{ATT_TARGET:.0%}} 的目标。
+# 这里的代价几乎为零：KV 够用，被挤出的 1 类请求只是暂停一步、不重算（稳态抢占 {{slot_med("preemptive", "preempt"):.0f}} 次），
+# 1 类的吞吐是非抢占式的 {{slot_tput:.2f}} 倍。vLLM 的修复 PR 则会真的抢占（释放 KV、以后重算），代价是第 12 章的重算税；
+# `benchmarks/preemption.py` 在另一个两类负载上给出同方向的比值。
+#
+# ## 22.6 动手：预留多少块
 #
 # 下面的控件在 22.3 节的负载（种子 1）上运行一次：`reserve` 是留给 0 类的块数（1 类配额 = 池 − reserve，0 表示不设配额），
 # `preemptive` 切换抢占式，`max_running` 是 1 类的并发上限（0 表示不设）。试试：不抢占时，reserve 从 0 增加到多少，0 类的达成率才超过 90%？
@@ -430,6 +496,8 @@ W.interact(explore,
 #   （只有当个数上限乘以最长请求的块数不超过预留时才真正保护 KV）。优先级继承在这里无效：持有者本来就在每一步运行。
 # - 在交互 + 批处理的混合负载上，抢占式与 KV 配额都让交互类的 TTFT 达成率超过 {{ATT_TARGET:.0%}}，抢占几乎不损失批处理吞吐，配额损失明显；
 #   这些结论依负载与池的大小而变，要在稳态、多个种子上量。
+# - 序列槽位也会造成反转（vLLM issue #40004）：vLLM V1 在运行队列满 `max_num_seqs` 时不看优先级；抢占式规则让紧急请求先占槽位，
+#   在 22.5 节的负载上把 0 类的 TTFT p90 降到 {{slot_p90:.2f}} 倍，KV 够用时不需要重算。
 # - 无论哪种规则，贪心输出不变。
 #
 # 下一章（第 23 章）讲另一种“抢占式”：FastServe 的多级反馈队列，以及按租户的公平性（VTC）。
@@ -445,6 +513,8 @@ W.interact(explore,
 # 4. **SGLang 的阈值。** 用 `margin` 模拟 SGLang 默认的阈值 10：给三个类别 0、5、20，哪些类别之间会发生抢占？
 # 5. **老化与反转。** 打开老化（`aging_s=2.0`），在 22.2 节的例子里，老化会让等久了的 1 类请求排到紧急请求前面吗？
 #    对抢占式规则，这意味着什么？
+# 6. **槽位与 KV 同时紧张。** 在 22.5 节的 `run_slots` 里把池缩到 {{MIX_POOL}} 块，再比较非抢占式与抢占式：抢占次数与 1 类吞吐怎样变？
+#    再加上 `preemption_victim="least_computed"`（第 12 章 12.6 节），被抢占的是谁，重算税（`summary()["recompute_waste"]`）怎样变？
 #
 # <details><summary>提示与参考答案</summary>
 #
@@ -459,5 +529,8 @@ W.interact(explore,
 #    并给请求设 `priority=0/5/20`。
 # 5. 1 类请求在 $t=4$ s 时已经等了 4 s，级别是 $1 - 4/2 = -1$，比新到的 0 类请求（级别 0）更紧急：老化让它们排到前面，
 #    抢占式规则下紧急请求不能抢占它们——限制饥饿与保护紧急类别是互相冲突的目标，老化的时间常数要按 SLO 来定。
+# 6. 给 `EngineConfig.from_kwargs(...)` 换上 `num_kv_blocks=MIX_POOL`（以及 `preemption_victim=...`），`run(...).summary(trim=TRIM22)`
+#    给出 `num_preemptions` 与 `recompute_waste`。KV 也紧张时，挤出的请求不再只是暂停，而要被真正抢占、以后重算；
+#    最少计算优先挑的是级别低于紧急请求的运行中请求里算得最少的，不一定是类别最大的那个。先量，再解释。
 #
 # </details>
