@@ -369,8 +369,6 @@ class LLMEngine:
             self._finish(req, status)
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
-        if self.overlap is not None:       # a token still in flight is not part of the output
-            self.overlap.drop_placeholder(req)
         req.status = status
         req.finish_time = self.clock.now()
         self.scheduler.remove(req)

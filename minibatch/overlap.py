@@ -33,6 +33,7 @@ Two ways to run it, with the same scheduling (and the same tokens):
 from __future__ import annotations
 
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -81,6 +82,8 @@ class OverlapScheduler:
         self.inflight: _Step | None = None
         self._pending: list[tuple[Request, int]] = []   # (request, k): placeholder(k) is in flight
         self.num_discarded_tokens = 0    # tokens computed for requests that had finished (wasted slots)
+        if self._pool is not None:       # the worker thread ends with the engine
+            weakref.finalize(self, self._pool.shutdown, wait=False)
         self.num_wasted_slots = 0        # scheduled (request, step) pairs whose request had finished
         self.overlap_time = 0.0          # threaded: seconds of CPU work that ran during a forward
 
@@ -89,7 +92,7 @@ class OverlapScheduler:
         return self.inflight is not None
 
     def drop_placeholder(self, req: Request) -> None:
-        """A finishing request's output never shows a placeholder."""
+        """Take the placeholder of a request whose token has arrived off its output."""
         while req.output_token_ids and req.output_token_ids[-1] < 0:
             req.output_token_ids.pop()
 

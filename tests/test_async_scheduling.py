@@ -63,7 +63,7 @@ def test_greedy_matches_transformers_with_async_scheduling(references, arch, con
     assert engine.overlap.num_discarded_tokens == len(ps)     # each request's step after its last
 
 
-@pytest.mark.parametrize("policy", ["continuous", "sglang", "trtllm", "tgi", "mlfq", "static"])
+@pytest.mark.parametrize("policy", ["continuous", "sglang", "mlfq", "static"])
 def test_async_equals_sync_for_every_policy(policy):
     ps = prompts(1, (3, 40, 9, 70, 25))
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (4, 9, 6, 3, 8)]
