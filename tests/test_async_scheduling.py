@@ -230,3 +230,20 @@ def test_the_simulator_overlaps_the_cpu_overhead_with_the_forward():
     mean = lambda r: sum(s.duration for s in r.steps) / len(r.steps)     # noqa: E731
     assert mean(asy) < mean(sync)
     assert asy.summary()["completed"] == sync.summary()["completed"] == 40
+
+
+def test_stop_strings_and_eos_finish_as_in_the_synchronous_engine():
+    """The stop check runs in step N's bookkeeping while N+1 is in flight: the output (text, tokens,
+    reason) is the synchronous one, and the token computed after the stop is discarded."""
+    prompts_ = ["Once upon a time", "The little dog", "One day, Lily"]
+    params = [SamplingParams(temperature=0.0, max_tokens=40, stop=["garden", "."]),
+              SamplingParams(temperature=0.0, max_tokens=40, stop=["ball"], include_stop_str_in_output=True),
+              SamplingParams(temperature=0.0, max_tokens=60)]                        # EOS may end it
+    sync = LLM("tiny", max_num_seqs=4).generate(prompts_, params)
+    llm = LLM("tiny", max_num_seqs=4, async_scheduling=True)
+    out = llm.generate(prompts_, params)
+    for a, s in zip(out, sync):
+        assert (a.outputs[0].text, a.outputs[0].token_ids, a.outputs[0].finish_reason) == \
+               (s.outputs[0].text, s.outputs[0].token_ids, s.outputs[0].finish_reason)
+    assert any(s.outputs[0].finish_reason == "stop" for s in sync)
+    assert llm.engine.overlap.num_discarded_tokens == len(prompts_)
