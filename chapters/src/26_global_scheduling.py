@@ -19,7 +19,9 @@
 # - 在多租户共享前缀的负载上量出缓存感知路由带来的命中率与 TTFT 变化，对照 llm-d 发表的数字；
 # - 读懂 Llumnix 式迁移的负载度量（虚拟用量）与两段式拷贝，在长尾负载上量它的收益与代价，以及它什么时候帮倒忙；
 # - 在真实的进程上跑通 `.venv/bin/python -m minibatch serve` × 2 + `.venv/bin/python -m minibatch router`：读路由器与上游的 `/metrics`，
-#   确认贪心输出与单个引擎一致，并关掉所有进程。
+#   确认贪心输出与单个引擎一致，并关掉所有进程；
+# - 说清网关流控（llm-d 的流控器、Dynamo 的路由器队列）把排队从引擎搬到路由器换来了什么（优先级档、档内租户公平）、
+#   付出了什么（被截短的批、突发租户的等待），并在两档多租户的突发负载上量出来。
 
 # %%
 import inspect
@@ -645,6 +647,124 @@ W.interact(explore, router=W.Dropdown(options=ROUTERS, value="least_kv"),
            rate=W.FloatSlider(value=18.0, min=6.0, max=36.0, step=6.0, continuous_update=False, description="req/s"));
 
 # %% [markdown]
+# ## 26.8 网关流控（Flow Control）：在路由器排队，还是在引擎里排队
+#
+# 到现在为止，路由器在请求**到达的那一刻**就把它发给某个副本，排队发生在引擎里：一阵突发（Burst）涌进来，每个副本的等待队列都排满，
+# 之后到达的紧急请求只能排在它们后面（引擎按先来先服务，FCFS），路由器的选择也不能再改。**网关流控**（Gateway Flow Control）换一个地方排队：
+# 请求先留在路由器的队列里，按**优先级档**（Priority Band）与**租户公平**（Tenant Fairness）排好，等某个副本“有空位”了才放行，
+# 放行的那一刻路由器再用最新的负载选副本。两个框架的做法（源码与版本）：
+#
+# - **llm-d / Gateway API Inference Extension**（`kubernetes-sigs/gateway-api-inference-extension` v1.5.0，`pkg/epp/flowcontrol/README.md`）：
+#   端点选择器（EPP）里的流控器（Flow Controller）在路由与调度之间把关。三层决定（`pkg/epp/framework/plugins/flowcontrol/fairness/doc.go`）：
+#   先严格选最高的非空优先级档（高档永远先于低档），档内由公平策略选一个流（Flow，按请求头 `x-gateway-inference-fairness-id` 区分，
+#   缺省为 `default-flow`，`pkg/epp/metadata/consts.go`），流内按 FCFS。公平策略有 `round-robin-fairness-policy`（轮流，重租户饿不死轻租户）
+#   与默认的 `global-strict-fairness-policy`（整档按到达先后，不隔离租户；`pkg/epp/flowcontrol/registry/config.go` 的 `DefaultFairnessPolicyRef`）。
+#   “有没有空位”由饱和检测器（Saturation Detector）判断，默认值见下一个单元。整个流控在特性开关 `flowControl` 之后（`pkg/epp/flowcontrol/config.go`），默认不开。
+# - **NVIDIA Dynamo** 的 KV 路由器（`ai-dynamo/dynamo` commit 870abbd 的 `lib/kv-router/src/config.rs`；commit 0091c32 的 `docs/components/router/router-guide.md`）：
+#   设了 `--router-queue-threshold` 之后，当**所有**工作进程的在途预填充 Token 都超过 `max_num_batched_tokens` 的这个比例时，
+#   请求留在路由器的优先队列里，有空位再放行：“推迟决定、不拒绝”，路由时用的是放行那一刻的负载；默认不设（`None`，直接派发）。
+#   另一组“忙阈值”（`--active-decode-blocks-threshold` 等）是把过忙的工作进程从候选里**剔除**，与排队是两回事。
+#   这两个提交的日期在本课程能读到的镜像里查不到，只能引用提交号。
+
+# %%
+from minibatch.cluster.flow_control import FlowControl, two_band_workload   # noqa: E402
+
+LLMD = {"maxConcurrency": 100, "queueDepthThreshold": 5, "kvCacheUtilThreshold": 0.8}   # llm-d GIE v1.5.0 defaults
+FC_RUN_S, FC_T0, FC_T1, FC_CAP, FC_CAPS = 60.0, 10.0, 50.0, 24, (16, 24, 32)
+FC_WL = type("WL", (), {k: v.default for k, v in inspect.signature(two_band_workload).parameters.items()})
+print(FlowControl())
+print(inspect.getsource(FlowControl.has_room))
+
+# %% [markdown]
+# llm-d 的两种饱和检测器（`pkg/epp/framework/plugins/flowcontrol/saturationdetector/{concurrency,utilization}/README.md`，v1.5.0）：
+# `concurrency-detector` 按路由器记下的在途请求数，每个端点默认 `maxConcurrency` = {{LLMD["maxConcurrency"]}}；`utilization-detector` 按轮询来的指标，
+# 端点得分 `max(等待队列 / queueDepthThreshold, KV 使用率 / kvCacheUtilThreshold)`，默认 {{LLMD["queueDepthThreshold"]}} 与 {{LLMD["kvCacheUtilThreshold"]}}。
+#
+# minibatch 的 `cluster.run(..., flow_control=FlowControl(...))`（`minibatch/cluster/flow_control.py`）照 llm-d 的三层做：档（`priority` 越小越急，与 vLLM 相同，
+# 与 llm-d 的数值方向相反）→ 档内租户轮转（`fairness="round_robin"`，或 `"fcfs"`，即 llm-d 的默认）→ 租户内 FCFS。一个副本“有空位”是它未完成的请求数
+# （`ReplicaView.num_requests`，路由器看到的运行 + 等待）少于 `max_requests_per_replica`（对应 `maxConcurrency`），可选再加 KV 使用率的上限；
+# 空闲的副本永远有空位，所以请求不会被永远扣住。放行时路由器只在有空位的副本里选；在路由器等的时间算进 TTFT。
+#
+# 实验负载（`two_band_workload`，每个种子 {{FC_RUN_S:.0f}} s）：第 0 档是 {{FC_WL.chat_tenants}} 个聊天租户，合计 {{FC_WL.chat_rate:g}} req/s 的泊松到达；
+# 第 1 档是一个批处理租户 `batch`，每 {{FC_WL.burst_every_s:g}} s 一次性发 {{FC_WL.burst}} 个请求，外加 {{FC_WL.light_tenants}} 个轻租户，各 {{FC_WL.light_rate:g}} req/s。
+# 集群同前：{{REPLICAS}} 个 Llama-3-8B / A10 副本，路由器 `least_requests`。比较三种做法：引擎里 FCFS 排队（`engine`）、引擎按优先级调度
+# （`priority`，即 vLLM 的 `--scheduling-policy priority`）、网关流控（`flow`，每个副本最多 {{FC_CAP}} 个未完成请求）。
+# 只统计到达时间在 [{{FC_T0:g}}, {{FC_T1:g}}) s 的请求（丢掉第一次突发的填充与最后的排空），{{len(SEEDS)}} 个种子：
+
+# %%
+FCK = [("hi_p90", "band-0 TTFT p90 (s)", ".2f"), ("hi_mean", "band-0 TTFT mean (s)", ".2f"),
+       ("light_p90", "light tenants' TTFT p90 (s)", ".2f"), ("batch_p90", "batch tenant's TTFT p90 (s)", ".1f"),
+       ("tok_s", "output tokens/s", ".0f")]
+
+
+def fc_stats(res) -> dict:
+    """TTFT by band / tenant of the requests arriving in [FC_T0, FC_T1); output tokens/s of the run."""
+    recs = [r for r in res.requests if FC_T0 <= r.arrival_time < FC_T1]
+
+    def pick(pred):
+        return np.array([r.ttft for r in recs if pred(r)])
+
+    hi, light = pick(lambda r: r.priority == 0), pick(lambda r: r.tenant.startswith("light"))
+    span = max(r.finish_time for r in res.requests) - min(r.arrival_time for r in res.requests)
+    return {"hi_p90": float(np.percentile(hi, 90)), "hi_mean": float(hi.mean()),
+            "light_p90": float(np.percentile(light, 90)),
+            "batch_p90": float(np.percentile(pick(lambda r: r.tenant == "batch"), 90)),
+            "tok_s": sum(r.output_len for r in res.requests) / span, "n": len(res.requests),
+            "done": sum(r.finish_reason == "length" for r in res.requests)}
+
+
+def fc_run(how, seed, cap=FC_CAP):
+    """One run of the two-band workload: queue in the engines (FCFS or priority) or at the router."""
+    wl = two_band_workload(seed, duration_s=FC_RUN_S)
+    kw = {"flow_control": FlowControl(max_requests_per_replica=cap)} if how == "flow" else \
+         {"policy": "priority" if how == "priority" else "continuous"}
+    return fc_stats(cluster.run(wl, replicas=REPLICAS, router="least_requests", **SIM, **kw))
+
+# %%
+FC_HOW = ["engine", "priority", "flow"]
+fcr = {(h, s): fc_run(h, s) for h in FC_HOW for s in SEEDS}
+fcv = {h: {k: [fcr[h, s][k] for s in SEEDS] for k, _, _ in FCK} for h in FC_HOW}
+md_table([f"queue where ({FC_RUN_S:.0f} s; median (min–max) of {len(SEEDS)} seeds)"] + [lab for _, lab, _ in FCK],
+         [[h] + [over_seeds(fcv[h][k], f) for k, _, f in FCK] for h in FC_HOW])
+fcm = {h: {k: float(np.median(v)) for k, v in fcv[h].items()} for h in FC_HOW}
+fc_ratio = {k: float(np.median([fcr["flow", s][k] / fcr["engine", s][k] for s in SEEDS])) for k, _, _ in FCK}
+
+# %%
+fc_sweep = {cap: fcr["flow", SEEDS[0]] if cap == FC_CAP else fc_run("flow", SEEDS[0], cap) for cap in FC_CAPS}
+md_table([f"max_requests_per_replica (seed {SEEDS[0]})"] + [lab for _, lab, _ in FCK],
+         [[cap] + [format(fc_sweep[cap][k], f) for k, _, f in FCK] for cap in FC_CAPS])
+
+# %% tags=["check"]
+assert all(r["done"] == r["n"] for r in fcr.values())                     # nothing lost, nothing rejected
+fc_all = lambda cond: all(cond(s) for s in SEEDS)                          # noqa: E731
+assert fc_all(lambda s: fcr["flow", s]["hi_p90"] < fcr["engine", s]["hi_p90"] / 2)
+assert fc_all(lambda s: fcr["priority", s]["hi_p90"] < fcr["engine", s]["hi_p90"] / 2)
+assert fc_all(lambda s: fcr["flow", s]["light_p90"] < fcr["engine", s]["light_p90"]) and fc_ratio["light_p90"] < 0.5
+assert fcm["priority"]["light_p90"] > 0.8 * fcm["engine"]["light_p90"]
+assert fc_all(lambda s: fcr["flow", s]["batch_p90"] > 2 * fcr["engine", s]["batch_p90"]) and fc_ratio["tok_s"] > 0.9
+lo_cap, hi_cap = FC_CAPS[0], FC_CAPS[-1]
+assert fc_sweep[lo_cap]["tok_s"] < 0.9 * fc_sweep[FC_CAP]["tok_s"]
+assert fc_sweep[hi_cap]["hi_p90"] > 2 * fc_sweep[FC_CAP]["hi_p90"]
+
+# %% [markdown]
+# {{len(SEEDS)}} 个种子上方向一致：
+#
+# - **紧急档**：引擎里 FCFS 排队时，突发之后到达的聊天请求排在批处理请求后面，第 0 档 TTFT p90 是 {{fcm["engine"]["hi_p90"]:.2f}} s；
+#   网关流控把它降到 {{fcm["flow"]["hi_p90"]:.2f}} s（逐种子比值的中位数 {{fc_ratio["hi_p90"]:.2f}}）。引擎按优先级调度也能做到
+#   （{{fcm["priority"]["hi_p90"]:.2f}} s）——只看优先级档，在哪里排队差别不大。
+# - **档内公平**：{{FC_WL.light_tenants}} 个轻租户和批处理租户同在第 1 档。引擎里它们按到达先后排在突发后面，p90 {{fcm["engine"]["light_p90"]:.2f}} s；
+#   引擎的优先级调度对同档的请求无能为力（{{fcm["priority"]["light_p90"]:.2f}} s）；网关按租户轮转放行，轻租户的 p90 降到
+#   {{fcm["flow"]["light_p90"]:.2f}} s（比值 {{fc_ratio["light_p90"]:.2f}}）。这是在路由器排队才有的：引擎只看见一条队列，不知道谁是“重租户”。
+# - **代价**：突发的代价落到发起突发的租户身上，`batch` 的 TTFT p90 从 {{fcm["engine"]["batch_p90"]:.1f}} s 升到 {{fcm["flow"]["batch_p90"]:.1f}} s；
+#   每个副本的批被上限截短，整体吞吐变为 {{fc_ratio["tok_s"]:.2f}} 倍。上限是一个旋钮：{{lo_cap}} 时吞吐只有 {{fc_sweep[lo_cap]["tok_s"]:.0f}} tokens/s
+#   （上限 {{FC_CAP}} 时 {{fc_sweep[FC_CAP]["tok_s"]:.0f}}），引擎吃不饱；{{hi_cap}} 时引擎自己就接得下几乎所有请求，队列又回到引擎里，
+#   第 0 档 p90 回到 {{fc_sweep[hi_cap]["hi_p90"]:.2f}} s。合适的上限约等于一个副本在 SLO 内能并发的请求数，llm-d 的默认
+#   {{LLMD["maxConcurrency"]}} 只是一个通用起点，要按模型与卡调。
+#
+# 网关流控与引擎的优先级调度不是二选一：流控管“放不放、先放谁”（档、租户、超时 `queue_timeout_s`、队列上限 `max_queued`，
+# 被拒的请求带着原因返回，一个也不丢），引擎管“放进来之后怎么排”。`benchmarks/flow_control.py` 在同样的设置上给出这些比值与上限的扫描。
+
+# %% [markdown]
 # ## 小结
 #
 # - 路由器只看得见副本对外报告的负载与自己的记录（`ReplicaView`），而且总是滞后的；一条规则是一个 `choose` 方法，
@@ -659,6 +779,8 @@ W.interact(explore, router=W.Dropdown(options=ROUTERS, value="least_kv"),
 # - Llumnix 式迁移在请求开始之后再纠正分配：对不看负载的轮询，它在每个种子上都大幅压低了 TTFT 的尾巴、提高了达成率；
 #   对已经按负载路由的 `least_requests`，它在本章的负载上反而降低了达成率。代价是搬 KV、目标副本上的 KV 更紧。
 # - 真实的多进程运行说明机制（路由、指标、重试、进程管理）与贪心输出不变；在 2 个共享的 CPU 核上它不会变快。
+# - 网关流控让请求在路由器按优先级档、档内按租户轮转排队，副本有空位才放行：紧急档的 TTFT 与引擎优先级调度一样好，
+#   档内的轻租户也不再排在突发后面（引擎只有一条队列，做不到）；代价是每个副本的并发上限截短了批、突发租户自己等得更久，上限要按模型与卡调。
 #
 # 实验 **L10**（多副本路由器，见课程地图）请你自己写一个路由器。下一章（第 27 章）把预填充与解码放到不同的副本上。
 #
@@ -674,6 +796,8 @@ W.interact(explore, router=W.Dropdown(options=ROUTERS, value="least_kv"),
 #    （`summary()["routed"]`）怎样变？
 # 5. **迁移的节奏。** 把 `Migration(interval_s=0.5)`、`Migration(imbalance=0.05)` 与 `Migration(link_gbps=10)` 分别用于 26.5 节，
 #    迁移次数、搬运量与 TTFT 怎样变？
+# 6. **公平策略。** 把 26.8 节的流控换成 llm-d 的默认 `FlowControl(max_requests_per_replica=24, fairness="fcfs")`（档内按到达先后），
+#    轻租户与 `batch` 的 TTFT p90 怎样变？再给它加上 `queue_timeout_s=5.0`：哪些请求被拒，拒绝的原因写在哪里？
 #
 # <details><summary>提示与参考答案</summary>
 #
@@ -685,6 +809,11 @@ W.interact(explore, router=W.Dropdown(options=ROUTERS, value="least_kv"),
 # 4. 更小的失衡阈值让“先均衡”更常触发，命中率下降、负载更平均；`cache_threshold` 更高则匹配不够长的请求不再粘到原副本。
 # 5. 决策间隔越长、迁移越少、纠正越慢；`imbalance` 越小，迁移越频繁，搬运量与目标副本上的等待都增加；链路越慢，第一段拷贝越久，
 #    被搬的请求在源副本上多占一会儿块。
+# 6. `fairness="fcfs"` 下档内不再按租户轮转：突发的请求先到、先放，轻租户排到整个突发之后，而路由器又只按上限放行，
+#    它们的 p90 比在引擎里排队还差；`batch` 的等待略短。这就是 llm-d 把轮转做成可选策略的原因。加上超时后，被拒的是第 1 档里
+#    等得最久的请求（突发里靠后的 `batch` 请求，也有轻租户的）：`finish_reason == "rejected"`，原因在 `RequestRecord.error`
+#    （“held at the router for queue_timeout_s=…”），`res.extra["flow_control"]["rejected"]` 计数。第 0 档总是最先放行，
+#    在这个负载上等不到超时；它的 TTFT 仍会变，因为被拒的请求改变了副本上请求同时开始、同时结束的节奏。
 #
 # </details>
 #
@@ -694,4 +823,8 @@ W.interact(explore, router=W.Dropdown(options=ROUTERS, value="least_kv"),
 # ai-dynamo 0.5.0（`lib/llm/src/kv_router/scheduler.rs`，`dynamo/frontend/main.py`）；llm-d-inference-scheduler commit 057d2c7
 # （`pkg/plugins/scorer/precise_prefix_cache.go`）与 llm-d 博客 *KV-Cache Wins You Can See*（2025-09-24）；
 # Llumnix（Sun et al., *Llumnix: Dynamic Scheduling for Large Language Model Serving*, OSDI'24, arXiv:2406.03243；
-# `AlibabaPAI/llumnix` commit 9529a78 的 `llumnix/load_computation.py`）。
+# `AlibabaPAI/llumnix` commit 9529a78 的 `llumnix/load_computation.py`）；
+# Gateway API Inference Extension v1.5.0（`pkg/epp/flowcontrol/README.md`、`pkg/epp/framework/plugins/flowcontrol/fairness/doc.go`、
+# `pkg/epp/flowcontrol/registry/config.go`、`pkg/epp/framework/plugins/flowcontrol/saturationdetector/{concurrency,utilization}/README.md`、
+# `pkg/epp/metadata/consts.go`、`pkg/epp/flowcontrol/config.go`）；`ai-dynamo/dynamo` commit 870abbd（`lib/kv-router/src/config.rs`）
+# 与 commit 0091c32（`docs/components/router/router-guide.md`）。
