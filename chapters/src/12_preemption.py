@@ -17,6 +17,8 @@
 # - 读懂 minibatch 选抢占对象的规则（`Scheduler._pick_victim`），并与 vLLM V1、vLLM V0、TensorRT-LLM、SGLang 的做法对照；
 # - 用代价模型比较重算（提示词加已生成 Token 的预填充 FLOPs）与换出（KV 字节数经主机链路来回）的开销；
 # - 在过载的 KV 池里观察抖动：同一个请求被反复抢占，量出被**重复计算的 Token**（Recomputed Tokens）；
+# - 用引擎自己的计数器（`recompute_waste`）比较三种选抢占对象的规则，复现 vLLM RFC #54644 的结论：
+#   **最少计算优先**（Least-Computed-First）比“最后接纳者”少浪费重算；
 # - 在模拟的 Llama-2-7B / A100 上、稳态下比较三种准入模式 × 两种抢占方式的抢占次数、重算 Token、吞吐与 p99 TPOT（多个种子）；
 # - 在真实的 tiny 模型上验证：无论是否被抢占、用重算还是换出，贪心解码的输出逐 Token 相同。
 
@@ -43,6 +45,7 @@ from minibatch.sim import make_cost_model
 from minibatch.swap import HOST_LINK_BYTES_PER_S
 from minibatch.viz import EventLog, gantt, md_table
 from minibatch.workload import lognormal, synthetic
+from minibatch.workload.lengths import Uniform
 
 SIM = dict(executor="sim", model="llama-2-7b", hardware="a100-80g")   # the simulated server of this chapter
 print("minibatch", minibatch.__version__)
@@ -143,7 +146,7 @@ print(inspect.getsource(Scheduler._preempt))
 # | vLLM V0（`vllm/core/scheduler.py`，v0.11.0 随 V0 引擎一起删除，PR #25321） | 运行队列按策略排序后的最后一个 | `PreemptionMode.RECOMPUTE` 或 `SWAP`；未指定 `preemption_mode` 时，单序列请求重算，多序列（束搜索、并行采样）换出 |
 # | TensorRT-LLM `MAX_UTILIZATION`（`cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`，`MaxUtilizationScheduler`） | 放不下时，从活动请求列表末尾往前找最后一个已开始的请求，把它暂停（Pause） | 暂停的请求释放 KV，以后重新计算上下文 |
 # | SGLang（v0.5.3，`python/sglang/srt/managers/schedule_batch.py`，`retract_decode`） | 解码显存不足时，按（已生成 Token 数，−提示词长度）排序，先**撤回**（Retract）已生成最少、提示词最长的请求 | 放回等待队列；同时把 `new_token_ratio` 调高（12.5 节） |
-# | minibatch（`minibatch/scheduler.py`，`_pick_victim`） | 策略顺序之外的运行中请求优先，然后从顺序末尾往前 | `preemption_mode="recompute"`（默认）或 `"swap"` |
+# | minibatch（`minibatch/scheduler.py`，`_pick_victim`） | 策略顺序之外的运行中请求优先，然后从顺序末尾往前（默认 `preemption_victim="last"`；另两种规则见 12.6 节） | `preemption_mode="recompute"`（默认）或 `"swap"` |
 #
 # 有一处细节 minibatch 与 vLLM V1 不同：vLLM V1 在一步里只要抢占过，就不再接纳新请求；minibatch 只在等待中的请求**被拒绝**之后才停止接纳，
 # 所以被抢占者释放出来、而抢占者没用完的块，可能在同一步就被一个新到的请求拿走。下面用调度器本身复现：一个很小的池，
@@ -521,7 +524,122 @@ ax.grid(alpha=0.3)
 plt.show()
 
 # %% [markdown]
-# ## 12.6 在真实的 tiny 模型上：抢占不改变输出
+# ## 12.6 选谁更省：最少计算优先（vLLM RFC #54644）
+#
+# 12.2 节的各家规则都不看“被抢占者已经算了多少”。可重算抢占扔掉的正是这部分：被抢占者的 `num_computed_tokens` 清零，
+# 恢复时要全部重算。抢占对象选得不同，同样多的抢占浪费的算力可以差很多。
+#
+# - vLLM 今天的规则（vLLM main 分支，本课程读到的快照提交 `00024d3`，`vllm/v1/core/sched/scheduler.py` 的 `Scheduler.schedule`）
+#   与 12.2 节的表相同：FCFS 抢占 `self.running.pop()`（最后接纳者），`priority` 策略抢占
+#   `max(self.running, key=lambda r: (r.priority, r.arrival_time))`。
+# - vLLM issue #54644（RFC “Preemption victim-selection extension point (least-computed-first as the first built-in)”，2026 年，未合入）
+#   把重算浪费的 Token 占全部 Token 计算的比例叫作**重算税**（Recompute Tax），并量了它：在线服务 7B、800 个提示词、
+#   长度异构（`vllm bench serve --random-range-ratio 0.5`）、KV 紧张时重算税为 10%–23%；改用**最少计算优先**
+#   （`min(running, key=num_computed_tokens)`）后，浪费的 Token 总数减少 24%–30%，每次抢占浪费的减少 35%–41%，吞吐与延迟不变；
+#   14B、32B（张量并行）上重算税 15%–22%，减少 20%–29%；离线 0.5B、KV 为 1600 块时重算税 32.2%，减少 59%。
+#   RFC 的消融实验给出的排序是：最少计算优先 > 后进先出（LIFO）> 随机 > 最多计算优先。
+#   对应的 PR #53723（未合入）加了一个与调度策略正交的选项 `preemption_victim`：`"fcfs"`（默认，行为不变）或 `"lcf"`。
+#
+# minibatch 的同名选项 `EngineConfig.preemption_victim` 有三个取值：`"last"`（默认，12.2 节的规则）、`"least_computed"`
+# （RFC 的最少计算优先）、`"lowest_priority"`（vLLM `priority` 策略的 `max(priority, arrival_time)`）。它与策略的顺序这样组合：
+# **策略决定谁可以被抢占**（排在要块的请求之后的运行中请求，以及策略顺序之外的），**规则决定其中哪一个**；后两种规则下，
+# 要块的运行中请求自己也是候选（与 vLLM 一样，它的候选是整个运行队列），只有它严格地最便宜时才抢占自己。
+# 与 vLLM 的 PR 有一处不同：vLLM 会把本步已经调度过的请求撤回来当抢占对象，minibatch 不撤回已经排进本步的请求。
+# 在 12.2 节的小池上看三种规则各选谁：
+
+# %%
+VICTIM_RULES = ("last", "least_computed", "lowest_priority")
+V_LENS, V_PRIO = {"a": 4, "b": 6, "c": 2, "d": 7}, {"a": 0, "b": 2, "c": 1, "d": 1}   # prompt tokens, classes
+V_POOL = sum(-(-n // S4_BS) for n in V_LENS.values())                                  # exactly full after one step
+# The simulated comparison below: requests, req/s, KV blocks, seeds; prompt and output lengths (uniform, mean +- 50 %)
+V_N, V_RATE, V_POOL_SIM, V_SEEDS = 200, 3.0, 500, [0, 1, 2]
+V_IN, V_OUT = Uniform(256, 768), Uniform(128, 384)
+victim_rows, victim_of = [], {}
+for rule in VICTIM_RULES:
+    sv = tiny_scheduler(V_POOL, block_size=S4_BS, preemption_victim=rule)
+    for rid, n in V_LENS.items():
+        r = make_req(rid, n)
+        r.priority = V_PRIO[rid]
+        sv.add(r)
+    apply_step(sv, sv.schedule(0.0))                 # all prefill; the pool is full, a needs a new block
+    thrown = {r.request_id: r.num_computed_tokens for r in sv.running}
+    bv = sv.schedule(0.0)
+    victim_of[rule] = [r.request_id for r in bv.preempted]
+    victim_rows.append([f"`{rule}`", ", ".join(victim_of[rule]), sum(thrown[v] for v in victim_of[rule])])
+md_table(["preemption_victim", "victim", "computed tokens thrown away"], victim_rows)
+
+# %% tags=["check"]
+assert victim_of == {"last": ["d"], "least_computed": ["c"], "lowest_priority": ["b"]}, "the prose names these victims"
+
+# %% [markdown]
+# 池里 {{V_POOL}} 个块（每块 {{S4_BS}} Token）被 `a`、`b`、`c`、`d`（提示词 {{V_LENS['a']}}、{{V_LENS['b']}}、{{V_LENS['c']}}、{{V_LENS['d']}} Token，
+# 类别 {{V_PRIO['a']}}、{{V_PRIO['b']}}、{{V_PRIO['c']}}、{{V_PRIO['d']}}）占满，`a` 要一个新块：`last` 赶走最后接纳的 `d`，
+# 扔掉它算好的 {{V_LENS['d']}} 个 Token；`least_computed` 赶走只算了 {{V_LENS['c']}} 个 Token 的 `c`；`lowest_priority` 赶走类别最大的 `b`。
+#
+# 引擎自己记账：每一步给请求的每个 Token 都计入 `num_computed_tokens`，其中落在“重算抢占扔掉过的范围”之内的计入
+# `num_recomputed_tokens`（恢复时被前缀缓存命中的不算，因为没有算），`RunResult.summary()` 给出两者与比值 `recompute_waste`，
+# 服务器的 `/metrics` 上是 `minibatch:recomputed_tokens_total`。它与 12.3 节 `Metered` 从外面数出来的重复计算应当一致：
+
+# %%
+r3 = three["recompute"]
+engine_count = r3.summary()["num_recomputed_tokens"]
+metered_count = sum(recomputed(r3, q) for q in r3.requests)
+print(f"12.3's recompute run: engine counter {engine_count:,} recomputed tokens, Metered {metered_count:,}; "
+      f"recompute_waste {r3.summary()['recompute_waste']:.1%}")
+
+# %% tags=["check"]
+assert engine_count == metered_count > 0, "the engine's counter equals the count from outside"
+
+# %% [markdown]
+# 两种数法都是 {{engine_count:,}} 个 Token。下面按 RFC 的设置在模拟器上比较 `last` 与 `least_computed`：{{V_N}} 个请求、
+# {{V_RATE:g}} req/s 泊松到达，提示词在 {{V_IN.lo}}–{{V_IN.hi}}、输出在 {{V_OUT.lo}}–{{V_OUT.hi}} Token 间均匀分布（各为均值上下 50%，
+# 即 `--random-range-ratio 0.5` 的形状），池 {{V_POOL_SIM}} 块；{{len(V_SEEDS)}} 个种子，只统计稳态（到达时间在中间 80% 的请求，`summary(trim=0.1)`）：
+
+# %%
+lcf = {rule: [] for rule in ("last", "least_computed")}
+lcf_rows = []
+for seed in V_SEEDS:
+    v_wl = synthetic(V_N, V_RATE, input_len=V_IN, output_len=V_OUT, seed=seed)
+    for rule in lcf:
+        sm = run(v_wl, **SIM, num_kv_blocks=V_POOL_SIM, preemption_victim=rule).summary(trim=0.1)
+        lcf[rule].append(sm)
+        lcf_rows.append([seed, f"`{rule}`", sm["num_preemptions"], f"{sm['num_recomputed_tokens']:,}",
+                         f"{sm['recompute_waste']:.1%}", f"{sm['num_recomputed_tokens'] / max(sm['num_preemptions'], 1):.0f}",
+                         f"{sm['ttft_p50']:.2f}", f"{sm['throughput_tok_s']:.0f}"])
+md_table(["seed", "preemption_victim", "preemptions", "recomputed tokens", "recompute_waste", "tokens per preemption",
+          "TTFT p50 (s)", "output tok/s"], lcf_rows)
+
+# %%
+def lcf_ratio(key):
+    """Median over seeds of least_computed / last for a summary key."""
+    return float(np.median([b[key] / a[key] for a, b in zip(lcf["last"], lcf["least_computed"])]))
+
+
+tax_last = float(np.median([s_["recompute_waste"] for s_ in lcf["last"]]))
+tax_lcf = float(np.median([s_["recompute_waste"] for s_ in lcf["least_computed"]]))
+waste_ratio, tput_ratio = lcf_ratio("recompute_waste"), lcf_ratio("throughput_tok_s")
+per_pre = float(np.median([(b["num_recomputed_tokens"] / b["num_preemptions"]) / (a["num_recomputed_tokens"] / a["num_preemptions"])
+                           for a, b in zip(lcf["last"], lcf["least_computed"])]))
+per_seed_ratios = [b["recompute_waste"] / a["recompute_waste"] for a, b in zip(lcf["last"], lcf["least_computed"])]
+print(f"recompute tax: last {tax_last:.1%}, least_computed {tax_lcf:.1%}; least_computed / last x{waste_ratio:.2f} "
+      f"(per seed {', '.join(f'{x:.2f}' for x in per_seed_ratios)}), per preemption x{per_pre:.2f}, tok/s x{tput_ratio:.2f}")
+
+# %% tags=["check"]
+assert all(x < 1 for x in per_seed_ratios) and per_pre < 1, "the prose says least_computed wastes less on every seed"
+assert 0.05 < tax_last < 0.3 and abs(tput_ratio - 1) < 0.05, "the prose: a 5-30 % tax, throughput about unchanged"
+
+# %% [markdown]
+# 在这个设置下，`last` 的重算税是 {{tax_last:.1%}}（中位数），落在 RFC 报告的 10%–23% 附近；`least_computed` 把它降到
+# {{tax_lcf:.1%}}，比值 {{waste_ratio:.2f}}（各种子 {{", ".join(f"{x:.2f}" for x in per_seed_ratios)}}），即少浪费 {{1 - waste_ratio:.0%}}，
+# 与 RFC 在线 7B 的“减少 24%–30%”同向、大小相近；每次抢占扔掉的 Token 是 `last` 的 {{per_pre:.2f}} 倍（RFC：减少 35%–41%），
+# 吞吐是 {{tput_ratio:.2f}} 倍，几乎不变。“把浪费减半”只在 RFC 的离线 0.5B 实验里接近（减少 40%–59%）；
+# 在线的异构负载上 RFC 报告的是减少 24%–30%。`benchmarks/preemption.py` 在 400 个请求、两个池大小上重复这一比较。
+#
+# 最少计算优先也可能有代价：按定义，被挑中的是算得最少的请求，常常是刚接纳的；它们可能被反复抢占，长请求则更少被打断——
+# 这是一条偏向已投入工作的规则，上表只量了浪费与吞吐，公平性要另外量（练习 6）。
+
+# %% [markdown]
+# ## 12.7 在真实的 tiny 模型上：抢占不改变输出
 #
 # 重算之所以可行，是因为它算出的 KV 与原来的一样：同样的 Token、同样的位置，贪心解码下一步的 Token 就一样。
 # 换出更直接：拷回来的就是原来的 KV。用嵌入的 tiny 模型验证：一组请求同时到达，池很小时必然抢占；
@@ -535,12 +653,13 @@ TINY = dict(model="tiny", block_size=BS, max_num_seqs=TINY_N)
 
 # %% [markdown]
 # {{TINY_N}} 个请求（提示词 {{TINY_P}} Token、各生成 {{TINY_O}} Token），池只有 {{SMALL}} 个块（每块 {{BS}} Token）时必然抢占，
-# {{LARGE}} 个块时不抢占。三次运行的输出必须逐 Token 相同：
+# {{LARGE}} 个块时不抢占。这几次运行（重算、换出，以及 12.6 节的 `least_computed`）的输出必须逐 Token 相同：
 
 # %% tags=["nbval-check-output"]
 tiny_runs = {f"{LARGE} blocks (no preemption)": run(tiny_wl, **TINY, num_kv_blocks=LARGE),
              f"{SMALL} blocks, recompute": run(tiny_wl, **TINY, num_kv_blocks=SMALL),
-             f"{SMALL} blocks, swap": run(tiny_wl, **TINY, num_kv_blocks=SMALL, preemption_mode="swap")}
+             f"{SMALL} blocks, swap": run(tiny_wl, **TINY, num_kv_blocks=SMALL, preemption_mode="swap"),
+             f"{SMALL} blocks, least_computed": run(tiny_wl, **TINY, num_kv_blocks=SMALL, preemption_victim="least_computed")}
 ref_tokens = [q.output_token_ids for q in tiny_runs[f"{LARGE} blocks (no preemption)"].requests]
 same = {}
 for name, r in tiny_runs.items():
@@ -554,7 +673,7 @@ assert all(tiny_runs[k].summary()["num_preemptions"] > 0 for k in list(tiny_runs
 assert tiny_runs[f"{LARGE} blocks (no preemption)"].summary()["num_preemptions"] == 0
 
 # %% [markdown]
-# ## 12.7 动手：池大小 × 准入 × 抢占方式
+# ## 12.8 动手：池大小 × 准入 × 抢占方式
 #
 # 下面的控件在 12.3 节的负载上运行一次，画出每一步占用的块数与发生抢占的时刻，并打印稳态指标。建议试试：
 # 把池从 {{POOLS[-1]}} 块慢慢缩到 {{TIGHT}} 块，看 `max_utilization` 的抢占从无到有、红线越来越密；在同一个池大小下切换到
@@ -598,6 +717,8 @@ ex_kv = cost["llama-3-8b"]["kv_kib"] / cost["llama-2-7b"]["kv_kib"]
 # - 重算的代价是 $p + g$ 个 Token 的预填充 FLOPs，换出的代价是 KV 字节数经主机链路往返；纸面上换出更便宜（GQA 时更明显），
 #   但 vLLM V1 只保留了重算，换出要主机内存与 PCIe；前缀缓存能省下一部分重算，可池越紧，被释放的块越快被驱逐，省得越少。
 # - 池太紧时抢占演变为抖动：同一个请求被反复赶出、反复重算，重复计算占到可观的比例。
+# - 选谁让路决定每次抢占浪费多少：`preemption_victim="least_computed"`（vLLM RFC #54644 的最少计算优先）在异构负载上
+#   把引擎记下的重算税从 {{tax_last:.1%}} 降到 {{tax_lcf:.1%}}（{{len(V_SEEDS)}} 个种子的中位数），吞吐不变；策略决定谁可以被抢占，规则只在其中挑。
 # - 准入控制是源头上的解法：`guaranteed_no_evict`（TensorRT-LLM 默认）从不抢占但批小、吞吐低；`conservative`（SGLang 的新 Token 比例）
 #   用估计预留，抢占少、吞吐接近乐观准入；稳态指标要在多个种子上看均值与离散程度。
 # - 无论抢占与否、重算还是换出，贪心解码的输出不变——抢占只改变什么时候算，不改变算出什么。
@@ -617,6 +738,8 @@ ex_kv = cost["llama-3-8b"]["kv_kib"] / cost["llama-2-7b"]["kv_kib"]
 #    当池里空闲块少于运行中请求数时把等待中的请求排除在顺序之外，近似 vLLM V1 的行为；在 {{TIGHT}} 块的池上比较重算 Token 与 p99 TPOT。
 # 5. **SGLang 的撤回顺序。** 写一个策略，让调度顺序的末尾是“已生成 Token 最少、提示词最长”的运行中请求（SGLang `retract_decode` 的顺序），
 #    与默认（最后接纳者）比较抖动程度。
+# 6. **最少计算优先的公平性。** 在 12.6 节的负载（种子 {{V_SEEDS[0]}}）上，按提示词长度把请求分成两半，分别比较 `last` 与 `least_computed`
+#    下两半的抢占次数与 p90 E2E。谁为更少的浪费付了代价？再把池从 {{V_POOL_SIM}} 块放大到 {{V_POOL_SIM + 100}} 块，比值 `recompute_waste` 怎样变？
 #
 # <details><summary>提示与参考答案</summary>
 #
@@ -631,5 +754,10 @@ ex_kv = cost["llama-3-8b"]["kv_kib"] / cost["llama-2-7b"]["kv_kib"]
 #    或者继承 `Metered`），用 `steady(...)` 比较。这和 L07 任务 3 的思路相同：给运行中的请求留出生长的余地。
 # 5. `sorted(state.running, key=lambda r: (-r.num_output_tokens, r.num_prompt_tokens))` 作为运行中请求的顺序（末尾即撤回对象），
 #    再接上 `state.waiting`。已生成最少的请求重算最便宜，但它们也往往是刚被恢复的请求——观察是否有请求被反复抢占。
+# 6. `run(v_wl, **SIM, num_kv_blocks=V_POOL_SIM, preemption_victim=rule).requests` 给出每个请求的 `num_preemptions`、`prompt_len`、`e2e`
+#    与 `recomputed_tokens`；按 `prompt_len` 的中位数分组。预期短提示词的请求更常被最少计算优先挑中（它们算得少），
+#    长请求少被打断；池放大后抢占变少，两种规则的重算税的绝对差距变小，比值却不一定变
+#    （`benchmarks/preemption.py --pools 500 600` 给出两个池上的比值）。
+#    用数据确认，不要凭预期下结论。
 #
 # </details>
