@@ -131,3 +131,152 @@ def test_flow_queue_orders_band_then_round_robin_then_fcfs():
         q.push(item, band, flow, 0.0)
     assert [q.pop() for _ in range(5)] == ["u1", "a1", "b1", "a2", "a3"]
     assert q.pop() is None and len(q) == 0
+
+
+# -- the HTTP router's flow control (minibatch.serving.flow) -----------------------------------------
+def _router_state(cap=1, n=1, **kw):
+    from minibatch.serving.router import RouterState
+
+    state = RouterState([f"http://127.0.0.1:{9 + i}" for i in range(n)], "least_requests",
+                        flow_control=FlowControl(max_requests_per_replica=cap, **kw))
+    for u in state.upstreams:
+        u.healthy, u.models = True, ["tiny"]
+    return state
+
+
+def _proxied(state, tenant=None):
+    from minibatch.serving.routed import RoutedRequest
+    from minibatch.serving.router import Proxied
+
+    routed = RoutedRequest(prompt_len=4, max_tokens=4, prompt_token_ids=None, model="tiny", tenant=tenant)
+    return Proxied(path="/v1/completions", chat=False, body={}, headers={}, routed=routed, stream=False)
+
+
+def test_router_gate_releases_by_band_then_tenant_when_an_upstream_has_room():
+    import asyncio
+
+    async def main():
+        state = _router_state(cap=1)
+        u = state.upstreams[0]
+        u.in_flight = 1                                    # full: every request is held
+        order = []
+
+        async def one(name, band, flow):
+            req = _proxied(state)
+            await state.flow.wait(req, band, flow)
+            assert req.pinned is u
+            order.append(name)
+            state.begin(u, req)
+            state.flow.unreserve(u)
+
+        tasks = []
+        for name, band, flow in [("a1", 1, "a"), ("a2", 1, "a"), ("b1", 1, "b"), ("hi", 0, "c")]:
+            tasks.append(asyncio.ensure_future(one(name, band, flow)))
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
+        assert order == [] and len(state.flow.queue) == 4
+        for _ in range(4):                                  # one request ends: exactly one goes
+            u.in_flight -= 1
+            state.flow.pump()
+            await asyncio.sleep(0.01)
+            assert u.in_flight == 1
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(main()) == ["hi", "a1", "b1", "a2"]
+
+
+def test_router_gate_answers_429_on_timeout_and_full_queue():
+    import asyncio
+
+    from minibatch.serving.protocol import APIError
+
+    async def main():
+        state = _router_state(cap=1, queue_timeout_s=0.05, max_queued=1)
+        state.upstreams[0].in_flight = 1
+        first = asyncio.ensure_future(state.flow.wait(_proxied(state), 0, None))
+        await asyncio.sleep(0)
+        with pytest.raises(APIError) as full:
+            await state.flow.wait(_proxied(state), 0, None)
+        with pytest.raises(APIError) as late:
+            await first
+        assert len(state.flow.queue) == 0
+        return full.value, late.value
+
+    full, late = asyncio.run(main())
+    assert full.status == 429 and "--flow-max-queued" in str(full)
+    assert late.status == 429 and "--flow-queue-timeout" in str(late)
+
+
+def test_router_flow_options_are_checked_by_name():
+    from minibatch.serving.router import make_parser, state_from_args
+
+    args = make_parser().parse_args(["--upstream", "http://127.0.0.1:9", "--flow-control",
+                                     "--flow-max-requests-per-upstream", "0"])
+    with pytest.raises(ValueError, match="--flow-max-requests-per-upstream"):
+        state_from_args(args, args.upstream)
+    from minibatch.serving.flow import band_and_flow
+    from minibatch.serving.protocol import APIError
+
+    assert band_and_flow({"x-minibatch-priority": "2"}, {"user": "u"}) == (2, "u")
+    assert band_and_flow({"x-gateway-inference-fairness-id": "t"}, {"priority": 1}) == (1, "t")
+    with pytest.raises(APIError, match="priority"):
+        band_and_flow({}, {"priority": "high"})
+
+
+def test_router_flow_control_in_front_of_a_real_server(tmp_path):
+    """One ``minibatch serve`` (slowed by its fault injection) behind ``minibatch router
+    --flow-control`` with room for one request: a held urgent request overtakes the held ones
+    that came before it, and every answer equals the server's own greedy answer."""
+    import concurrent.futures
+    import json
+    import time
+
+    import httpx
+    from serving_utils import ServerProcess, metric, set_fault
+
+    up = ServerProcess(tmp_path / "up.log", "--max-num-seqs", "8", "--enable-fault-injection")
+    router = None
+    try:
+        router = ServerProcess(tmp_path / "router.log", "--upstream", up.url, "--poll-interval", "0.1",
+                               "--flow-control", "--flow-max-requests-per-upstream", "1", command="router")
+        prompts = {"lo1": "Once upon a time", "lo2": "The little cat", "hi": "Tom found a box"}
+
+        def complete(url, prompt, band=None, stream=False, max_tokens=8):
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+            headers = {} if band is None else {"X-Minibatch-Priority": str(band)}
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers, timeout=60) as r:
+                assert r.status_code == 200, r.read()
+                text = r.read().decode()
+            if stream:
+                return "".join(json.loads(line[6:])["choices"][0]["text"] for line in text.splitlines()
+                               if line.startswith("data: {"))
+            return json.loads(text)["choices"][0]["text"]
+
+        direct = {name: complete(up.url, p) for name, p in prompts.items()}
+        set_fault(up, kind="slow", delay_s=1.0)                 # every request waits 1 s upstream
+        done = []
+
+        def send(name, band, stream=False, max_tokens=8):
+            text = complete(router.url, prompts.get(name, "A blocker"), band, stream, max_tokens)
+            done.append(name)
+            return name, text
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            blocker = pool.submit(send, "blocker", 1, True, 16)
+            time.sleep(0.2)
+            futures = [pool.submit(send, "lo1", 1)]
+            time.sleep(0.1)
+            futures.append(pool.submit(send, "lo2", 1))
+            time.sleep(0.1)
+            futures.append(pool.submit(send, "hi", 0))
+            answers = dict(f.result(timeout=60) for f in futures)
+            blocker.result(timeout=60)
+        assert done == ["blocker", "hi", "lo1", "lo2"]          # held, then released by band, then FCFS
+        assert answers == direct                                  # greedy tokens unchanged
+        page = httpx.get(f"{router.url}/metrics", timeout=10).text
+        assert metric(page, "minibatch_router_flow_released") == 4
+    finally:
+        if router is not None:
+            router.stop()
+        up.stop()

@@ -60,6 +60,13 @@ Clients that leave. A client that disconnects before its (non-streamed or stream
 is complete has its upstream request cancelled: the router closes that connection, and the
 upstream (``minibatch serve``, vLLM) aborts the request and frees its KV blocks.
 
+Flow control (``--flow-control``, off by default; ``flow.py``). Requests wait at the router by
+priority band (``X-Minibatch-Priority`` header or ``priority``) and tenant
+(``X-Gateway-Inference-Fairness-Id`` header or ``user``), fair across tenants within a band,
+until an upstream has room (fewer than ``--flow-max-requests-per-upstream`` requests running +
+waiting, from its polled load and this router's own in-flight count); the policy then chooses
+among the upstreams with room (llm-d's flow controller, ``minibatch.cluster.flow_control``).
+
 Backpressure. At most ``--max-concurrent-requests`` requests are in flight upstream; up to
 ``--max-queue`` more wait (at most ``--queue-timeout`` s) for a slot; beyond that the answer
 is 429 with ``Retry-After``, in OpenAI's error shape. Bad input (not JSON, a body that is not
@@ -140,6 +147,7 @@ class Proxied:
     tried: set[int] = field(default_factory=set)
     attempts: int = 0                  # upstream attempts so far, retries and resumptions included
     current: Upstream | None = None    # the upstream of the latest attempt
+    pinned: Upstream | None = None     # flow control released it to this upstream (its first attempt goes there)
 
 
 class RouterState(UpstreamSet):
@@ -153,7 +161,7 @@ class RouterState(UpstreamSet):
                  tokenizer: str | None = None, edge: Edge | None = None,
                  first_token_timeout: float = DEFAULT_FIRST_TOKEN_TIMEOUT_S,
                  inter_token_timeout: float = DEFAULT_INTER_TOKEN_TIMEOUT_S, upstream_api_key: str | None = None,
-                 routing_prefix_chars: int = DEFAULT_ROUTING_PREFIX_CHARS):
+                 routing_prefix_chars: int = DEFAULT_ROUTING_PREFIX_CHARS, flow_control=None):
         super().__init__(urls, poll_interval=poll_interval, health_timeout=health_timeout,
                          upstream_timeout=upstream_timeout, connect_timeout=connect_timeout,
                          first_token_timeout=first_token_timeout, inter_token_timeout=inter_token_timeout,
@@ -172,6 +180,11 @@ class RouterState(UpstreamSet):
         self.started = time.monotonic()
         # kv_aware: what was sent where, to estimate each upstream's prefix-cache hit.
         self._sent = {u.index: routers.TokenTree() for u in self.upstreams} if policy == "kv_aware" else {}
+        # --flow-control: requests held here by band and tenant until an upstream has room (flow.py).
+        self.flow = None
+        if flow_control is not None:
+            from minibatch.serving.flow import FlowGate
+            self.flow = FlowGate(self, flow_control)
 
     @property
     def tokens(self) -> Tokens | None:
@@ -196,12 +209,17 @@ class RouterState(UpstreamSet):
         return await self.prompts.routed(body, chat)
 
     # -- routing ------------------------------------------------------------------------
-    def choose(self, req: Proxied) -> Upstream | None:
+    def after_poll(self) -> None:
+        if self.flow is not None:
+            self.flow.pump()                 # fresh load: an upstream may have room now
+
+    def choose(self, req: Proxied, among: list[Upstream] | None = None) -> Upstream | None:
         """The upstream the policy picks among the healthy ones serving the model that this
-        request has not tried yet (if it tried them all: among all the healthy ones)."""
+        request has not tried yet (if it tried them all: among all the healthy ones), or among
+        ``among`` (flow control: the upstreams with room)."""
         model = req.routed.model
         healthy = [u for u in self.upstreams if u.healthy and u.serves(model)]
-        cands = [u for u in healthy if u.index not in req.tried] or healthy
+        cands = among if among is not None else [u for u in healthy if u.index not in req.tried] or healthy
         if not cands:
             return None
         tokens = req.routed.prompt_token_ids or []
@@ -224,6 +242,8 @@ class RouterState(UpstreamSet):
         u.in_flight -= 1
         u.in_flight_tokens -= n
         u.active_blocks -= -(-n // self.block_size)
+        if self.flow is not None:
+            self.flow.pump()                 # its place is free: a held request may go
 
     async def send(self, req: Proxied, body: dict, on_attempt=None):
         """Open ``body`` on the upstreams the policy picks until one answers (< 500, not 429), at
@@ -231,7 +251,10 @@ class RouterState(UpstreamSet):
         last: UpstreamFailed | None = None
         first = True
         while req.attempts < self.max_attempts:
-            u = self.choose(req)
+            pinned, req.pinned = req.pinned, None
+            if pinned is not None and self.flow is not None:
+                self.flow.unreserve(pinned)
+            u = pinned if pinned is not None and pinned.healthy else self.choose(req)
             if u is None:
                 break
             req.tried.add(u.index)
@@ -349,10 +372,17 @@ def build_app(state: RouterState) -> FastAPI:
             headers["Authorization"] = request.headers["authorization"]
         req = Proxied(path=request.url.path, chat=chat, body=body, headers=headers,
                       routed=await state.routed_request(body, chat), stream=bool(body.get("stream")))
+        if state.flow is not None:
+            from minibatch.serving.flow import band_and_flow
+            band, flow = band_and_flow(request.headers, body)
+            await state.flow.wait(req, band, flow)      # held here until an upstream has room
         try:
             await state.admission.acquire()
         except APIError:
             state.metrics.rejected.labels("overload").inc()
+            if req.pinned is not None and state.flow is not None:
+                state.flow.unreserve(req.pinned)
+                req.pinned = None
             raise
         released = False
 
@@ -499,6 +529,20 @@ def add_router_args(p: argparse.ArgumentParser, upstreams: bool = True) -> None:
                    help="characters of a text prompt tokenized for prefix_aware / kv_aware "
                         f"(default: {DEFAULT_ROUTING_PREFIX_CHARS})")
     p.add_argument("--router-block-size", type=int, default=16, help="KV block size assumed for kv_aware")
+    g = p.add_argument_group("flow control (minibatch/serving/flow.py; llm-d's flow controller)")
+    g.add_argument("--flow-control", action="store_true",
+                   help="hold requests at the router by priority band (X-Minibatch-Priority header or 'priority') "
+                        "and tenant (X-Gateway-Inference-Fairness-Id header or 'user') until an upstream has room")
+    g.add_argument("--flow-max-requests-per-upstream", type=int, default=8,
+                   help="an upstream has room while its running + waiting requests are fewer (default: 8)")
+    g.add_argument("--flow-max-kv-usage", type=float, default=None,
+                   help="and while its polled KV cache usage is below this fraction (default: not used)")
+    g.add_argument("--flow-fairness", choices=["round_robin", "fcfs"], default="round_robin",
+                   help="between the tenants of one band: round_robin (turns) or fcfs (arrival order)")
+    g.add_argument("--flow-queue-timeout", type=float, default=None,
+                   help="seconds a request may be held before a 429 (default: no limit)")
+    g.add_argument("--flow-max-queued", type=int, default=None,
+                   help="requests held at once; beyond, a 429 (default: no limit)")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -528,10 +572,32 @@ def check_router_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_queue < 0:
         raise ValueError("--max-queue must be >= 0")
+    if getattr(args, "flow_control", False):
+        flow_control_from_args(args)
     for name in ("poll_interval", "health_timeout", "upstream_timeout", "queue_timeout", "first_token_timeout",
                  "inter_token_timeout"):
         if not getattr(args, name) > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive")
+
+
+def flow_control_from_args(args: argparse.Namespace):
+    """The ``FlowControl`` of ``--flow-control`` (None without it); ``ValueError`` naming a bad option."""
+    if not getattr(args, "flow_control", False):
+        return None
+    from minibatch.cluster.flow_control import FlowControl
+
+    names = {"max_requests_per_replica": "--flow-max-requests-per-upstream", "max_kv_usage": "--flow-max-kv-usage",
+             "fairness": "--flow-fairness", "queue_timeout_s": "--flow-queue-timeout",
+             "max_queued": "--flow-max-queued"}
+    try:
+        return FlowControl(max_requests_per_replica=args.flow_max_requests_per_upstream,
+                           max_kv_usage=args.flow_max_kv_usage, fairness=args.flow_fairness,
+                           queue_timeout_s=args.flow_queue_timeout, max_queued=args.flow_max_queued)
+    except ValueError as e:
+        msg = str(e)
+        for field, option in names.items():
+            msg = msg.replace(f"FlowControl.{field}", option)
+        raise ValueError(msg) from None
 
 
 def state_from_args(args: argparse.Namespace, upstreams: list[str]) -> RouterState:
@@ -545,7 +611,7 @@ def state_from_args(args: argparse.Namespace, upstreams: list[str]) -> RouterSta
                        tokenizer=args.tokenizer, edge=edge, first_token_timeout=args.first_token_timeout,
                        inter_token_timeout=args.inter_token_timeout,
                        upstream_api_key=args.upstream_api_key or args.api_key,
-                       routing_prefix_chars=args.routing_prefix_chars)
+                       routing_prefix_chars=args.routing_prefix_chars, flow_control=flow_control_from_args(args))
 
 
 def make_server(state: RouterState, host: str, port: int, log_level: str = "warning"):

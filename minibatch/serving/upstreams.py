@@ -139,6 +139,10 @@ class RouterMetrics:
                            "of each upstream", ["upstream"], registry=r)
         self.in_flight = Gauge("minibatch_router_requests_in_flight", "Requests holding a slot", registry=r)
         self.queue = Gauge("minibatch_router_queue_length", "Requests waiting for a slot", registry=r)
+        self.flow_held = Gauge("minibatch_router_flow_held", "Requests held by flow control (--flow-control) "
+                               "until an upstream has room", registry=r)
+        self.flow_released = Gauge("minibatch_router_flow_released", "Requests flow control has released",
+                                   registry=r)
 
     def render(self, state) -> bytes:
         for u in state.upstreams:
@@ -149,6 +153,10 @@ class RouterMetrics:
             self.up_kv.labels(u.url).set(u.kv_usage)
         self.in_flight.set(state.admission.in_flight)
         self.queue.set(state.admission.waiting)
+        flow = getattr(state, "flow", None)
+        if flow is not None:
+            self.flow_held.set(len(flow.queue))
+            self.flow_released.set(flow.queue.released)
         return generate_latest(self.registry)
 
 class Admission:
@@ -242,6 +250,10 @@ class UpstreamSet:
         while True:
             await asyncio.sleep(self.poll_interval)
             await self.poll_all()
+            self.after_poll()
+
+    def after_poll(self) -> None:
+        """Called after each periodic poll of every upstream (flow control looks at its queue again)."""
 
     async def poll_all(self) -> None:
         await asyncio.gather(*(self.poll(u) for u in self.upstreams))
