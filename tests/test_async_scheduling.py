@@ -247,3 +247,31 @@ def test_stop_strings_and_eos_finish_as_in_the_synchronous_engine():
                (s.outputs[0].text, s.outputs[0].token_ids, s.outputs[0].finish_reason)
     assert any(s.outputs[0].finish_reason == "stop" for s in sync)
     assert llm.engine.overlap.num_discarded_tokens == len(prompts_)
+
+
+def test_the_servers_engine_thread_streams_the_synchronous_tokens():
+    """The OpenAI server's AsyncEngine drives step() from its own thread: the streamed deltas
+    of an async-scheduling engine are the synchronous engine's tokens, and no placeholder."""
+    import asyncio
+
+    from minibatch.serving.async_engine import AsyncEngine
+
+    ps = prompts(10, (6, 20, 11))
+    sync = tokens(LLM("tiny", max_num_seqs=4), ps)
+    ae = AsyncEngine(LLM("tiny", max_num_seqs=4, async_scheduling=True).engine)
+
+    async def go():
+        streams = [await ae.add_request(p, GREEDY, f"s{i}") for i, p in enumerate(ps)]
+        out = []
+        for s in streams:
+            ids = []
+            async for delta in s:
+                ids += delta.token_ids
+            out.append((ids, s.finish_reason))
+        return out
+
+    try:
+        got = asyncio.run(asyncio.wait_for(go(), timeout=120))
+    finally:
+        ae.shutdown()
+    assert [ids for ids, _ in got] == sync and {r for _, r in got} == {"length"}
