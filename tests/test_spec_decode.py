@@ -15,8 +15,9 @@ from minibatch.executor import StepOutput
 from minibatch.policies import available
 from minibatch.sim import make_cost_model
 from minibatch.sim.spec_decode import best_draft_length, spec_step_speedup
-from minibatch.spec_decode import (accepted_tokens, draft_length, expected_tokens_per_step, lookup_range,
-                                   propose_ngram)
+from minibatch.request import Request
+from minibatch.spec_decode import (accepted_tokens, can_speculate, draft_length, expected_tokens_per_step,
+                                   lookup_range, max_drafts, propose_ngram)
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 SPEC = dict(speculative_method="ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
@@ -64,6 +65,16 @@ def test_greedy_verification_accepts_the_matching_prefix_plus_one():
     assert accepted_tokens([], [3]) == [3]
     with pytest.raises(ValueError, match="one target token more"):
         accepted_tokens([1, 2], [1, 2])
+
+
+def test_drafts_stop_at_max_tokens_and_max_model_len_and_only_greedy_requests_draft():
+    req = Request("r", [1] * 10, SamplingParams(temperature=0.0, max_tokens=8), 0.0)
+    req.output_token_ids = [1] * 5                       # 3 tokens left: at most 2 drafts
+    assert max_drafts(req, None) == 2 and max_drafts(req, 17) == 1 and max_drafts(req, 16) == 0
+    assert can_speculate(req)
+    assert not can_speculate(Request("s", [1], SamplingParams(temperature=0.7), 0.0))
+    assert not can_speculate(Request("l", [1], SamplingParams(temperature=0.0, logprobs=2), 0.0))
+    assert not can_speculate(Request("m", [1], SamplingParams(temperature=0.0, min_tokens=3), 0.0))
 
 
 def test_expected_tokens_per_step():
