@@ -20,7 +20,7 @@ TTFT p90 (band 1, fairness against the bursty ``batch`` tenant), the batch tenan
 output tokens/s over the whole run. The effect is the ratio flow / engine of each (one run per
 seed, same workloads), and ``--caps`` sweeps the bound (the cost: a tight bound shrinks batches).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/flow_control.py            # ~40 s here
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/flow_control.py            # ~25 s here (loaded 2 cores)
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/flow_control.py --cap 20 --caps 16 24 32
 """
 

@@ -280,3 +280,30 @@ def test_router_flow_control_in_front_of_a_real_server(tmp_path):
         if router is not None:
             router.stop()
         up.stop()
+
+
+def test_max_queued_zero_holds_nothing_but_lets_through_what_finds_room():
+    wl = Workload([_req(0.0, f"r{i}", out=50) for i in range(5)])
+    res = cluster.run(wl, replicas=2, **SIM, flow_control=FlowControl(max_requests_per_replica=2, max_queued=0))
+    reasons = [r.finish_reason for r in res.requests]
+    assert reasons == ["length"] * 4 + ["rejected"]
+    assert set(res.extra["flow_control"]["held_wait"].values()) == {0.0}     # none waited
+
+
+def test_router_gate_with_max_queued_zero_lets_through_what_finds_room():
+    import asyncio
+
+    from minibatch.serving.protocol import APIError
+
+    async def main():
+        state = _router_state(cap=1, max_queued=0)
+        req = _proxied(state)
+        await state.flow.wait(req, 0, None)                     # room: goes at once, pinned
+        assert req.pinned is state.upstreams[0]
+        state.begin(req.pinned, req)
+        state.flow.unreserve(req.pinned)
+        with pytest.raises(APIError) as full:                   # no room, no queue: 429
+            await state.flow.wait(_proxied(state), 0, None)
+        return full.value
+
+    assert asyncio.run(main()).status == 429

@@ -29,8 +29,9 @@ Which held request goes next (the three tiers of llm-d's flow controller,
 3. **order** within a flow: first come, first served (llm-d's default ``fcfs-ordering-policy``).
 
 Bounds: ``queue_timeout_s`` rejects a request held longer than that (llm-d's request TTL);
-``max_queued`` rejects an arrival that finds that many requests held already (llm-d's band
-capacity). A rejected request has ``finish_reason="rejected"`` and its reason in ``error``; no
+``max_queued`` rejects an arrival that finds that many requests held already and cannot go at
+once (llm-d's band capacity; ``max_queued=0``: nothing is ever held, what finds no room is
+rejected). A rejected request has ``finish_reason="rejected"`` and its reason in ``error``; no
 request is lost.
 
 The held time counts in the request's TTFT: the engine records the request's arrival at the

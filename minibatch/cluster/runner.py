@@ -360,7 +360,8 @@ def run(workload, replicas: int = 1, router="round_robin", executor: str = "sim"
         if not candidates_of(spec, now):
             route(spec, now, rid, slot)           # no replica serves it: rejected with the reason
             return
-        if fq.full():
+        can_go = len(fq) == 0 and any(fq.control.has_room(r.view(now)) for r in candidates_of(spec, now))
+        if fq.full() and not can_go:          # max_queued bounds the held requests, not those that go at once
             fq.rejected += 1
             unserved[rid] = RequestRecord(
                 rid, now, spec.prompt_len, 0, spec.priority, spec.tenant, finish_time=now,

@@ -88,6 +88,11 @@ class FlowGate:
             v = replace(v, num_waiting=v.num_waiting + r)
         return self.control.has_room(v)
 
+    def _can_go(self, req) -> bool:
+        """Would ``req`` be released at once (an upstream serving it has room, or none serves it)?"""
+        serving = [u for u in self.state.upstreams if u.healthy and u.serves(req.routed.model)]
+        return not serving or any(self.has_room(u) for u in serving)
+
     def unreserve(self, u) -> None:
         """A released request was sent (or given up): its place on ``u`` is no longer held for it."""
         if self.reserved.get(u.index, 0) > 0:
@@ -97,7 +102,7 @@ class FlowGate:
     async def wait(self, req, band: int, flow) -> None:
         """Hold ``req`` until an upstream has room; pin it there (``req.pinned``). Raises a 429
         ``APIError`` if the queue is full or the request waits past the timeout."""
-        if self.queue.full():
+        if self.queue.full() and not (len(self.queue) == 0 and self._can_go(req)):
             self.rejected_full += 1
             self.state.metrics.rejected.labels("flow_queue_full").inc()
             raise APIError(429, f"flow control: {self.control.max_queued} requests already wait at the router "
