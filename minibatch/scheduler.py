@@ -31,6 +31,10 @@ micro-batch scheduler: decodes' tokens set aside before prompt chunks are cut
 place in the order (``stop_at_refusal``). When nothing
 of a policy's order can run, the scheduler asks it once for another order for the same
 step (``Policy.fallback_order``; TGI's policy decodes when its planned prefill is refused).
+
+With ``enable_lora``, a step holds at most ``max_loras`` distinct LoRA adapters (vLLM V1's
+``scheduled_loras`` rule): a request whose adapter would be one too many is skipped for this
+step, waiting or running, and the walk goes on (``minibatch.lora``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,9 @@
 # - 在模拟的 A100-80G 上比较 Llama-2-7B + 13B 的三种部署：独占部署（Dedicated Deployment，每个模型一张卡）、一张卡划分显存、一张卡时分复用——SLO 达成率、
 #   GPU·秒（GPU-seconds）成本与每卡服务容量，分别在稳定流量与分阶段流量下；
 # - 对放不下的组合（两个 13B 微调模型、一张 A100-40G）只比较放得下的方案；
-# - 复现统计复用：两个 7B 微调模型、两张卡，突发流量下“一模型一卡”与“每卡两模型 + 按模型路由”。
+# - 复现统计复用：两个 7B 微调模型、两张卡，突发流量下“一模型一卡”与“每卡两模型 + 按模型路由”；
+# - 多 LoRA 批处理：在一份基座上服务多个 LoRA 适配器，说清适配器槽位（vLLM 的 `max_loras`）怎样限制一步里的请求，在真实 tiny 模型上核对带适配器的贪心输出，
+#   在模拟器上量出槽位数对吞吐的影响，并比较适配器亲和路由与只看负载的路由。
 
 # %%
 import inspect
@@ -572,6 +574,166 @@ W.interact(explore, setup=W.Dropdown(options=list(SETUPS), value="partition"),
                                      description="max_slice_s"));
 
 # %% [markdown]
+# ## 25.8 多 LoRA 批处理（Multi-LoRA）
+#
+# 同一个基座的许多“微调版本”，常常只是一个个 LoRA 适配器（Low-Rank Adaptation，Hu et al., arXiv:2106.09685）：
+# 投影 $y = xW^\top$ 变成 $y = xW^\top + s\,(xA^\top)B^\top$，$A$ 是 $r \times k$、$B$ 是 $n \times r$，缩放 $s = \alpha / r$，秩 $r$ 远小于 $k, n$。
+# 把 $W + sBA$ 合并进权重就得到一个普通模型，但那样每个适配器都要一份完整权重，又回到 25.1 节的显存账。
+# **多 LoRA 服务**只放一份基座：一步里所有请求的行一起做一次基座 GEMM，每个适配器只对自己的行再加两个很“细”的 GEMM
+# （先乘 $A^\top$ 压到 $r$ 维，再乘 $B^\top$ 展开）。这样，用不同适配器的请求可以在同一步里批处理：
+#
+# - **Punica**（Chen et al., arXiv:2310.18547）的 SGMV 内核（Segmented Gather Matrix-Vector multiplication）在一次内核调用里按行段给每段乘上它自己的 $A$、$B$；
+# - **S-LoRA**（Sheng et al., arXiv:2311.03285）把成千上万个适配器放在主机内存、按需换入 GPU，适配器权重与 KV Cache 放在同一个分页池里（统一分页，Unified Paging）。
+#
+# vLLM 0.11.0 的做法（`--enable-lora`，配置在 `vllm/config/lora.py` 的 `LoRAConfig`）：GPU 上有 `max_loras` 个**适配器槽位**（Adapter Slot，默认 1，
+# 注释是 "Max number of LoRAs in a single batch"），每个槽位按 `max_lora_rank`（默认 16）开好缓冲区；主机上缓存 `max_cpu_loras` 个（默认等于 `max_loras`）。
+# 调度器（`vllm/v1/core/sched/scheduler.py`）先把本步运行中请求的适配器记进 `scheduled_loras`；等待队列里的请求若用的适配器不在其中、而 `scheduled_loras` 已有 `max_loras` 个，
+# 就**跳过**它（放回队首），接着看后面的请求。worker 端（`vllm/lora/worker_manager.py` 的 `LRUCacheWorkerLoRAManager`）在一步开始前把这一步要用、却不在槽位里的适配器加载进来，
+# 槽位满时换出最久没用的那个。
+#
+# minibatch 照此实现（`minibatch/lora.py`）：`LLM(..., enable_lora=True, max_loras=N, max_lora_rank=R)`，请求带 `lora_request=LoRARequest(name, id, path)`（PEFT 格式的目录，或内存里的适配器）。
+# 调度规则写在 `Scheduler._build` 里（对运行中的请求同样检查），槽位的加载与换出是 `AdapterSlots.activate`：
+
+# %%
+from minibatch import LLM, SamplingParams
+from minibatch.lora import AdapterSlots, LoRARequest, lora_id, merge_into_hf_state, random_adapter
+from minibatch.routing import routers
+from minibatch.runner import run as run_one
+from minibatch.sim.lora import adapter_bytes, load_time, lora_step_time, tenant_adapter_engine
+
+N_ADAPTERS, LORA_OVERLOAD, LORA_N = 16, 25.0, 160     # 25.8's single engine: adapters, req/s (overload), requests
+ROUTE_RATE, ROUTE_N = 10.0, 200                       # 25.8's 4 replicas: req/s, requests
+print(inspect.getsource(AdapterSlots.activate))
+
+# %% [markdown]
+# 先在真实的 tiny 模型上看一步里有什么。三个随机的秩 8 适配器、两个槽位，9 个请求按 `a1, a2, a3, 基座` 轮流用适配器，`max_num_seqs` = 4：
+
+# %%
+lora_llm = LLM("tiny", enable_lora=True, max_loras=2, max_lora_rank=8, max_num_seqs=4)
+tiny_mc = lora_llm.engine.executor.model_config
+tiny_adapters = [random_adapter(tiny_mc, rank=8, seed=s, std=0.08) for s in (1, 2, 3)]
+tiny_loras = [LoRARequest(f"a{i}", i, adapter=a) for i, a in enumerate(tiny_adapters, start=1)]
+step_adapters = []                                     # the adapters of every step the executor runs
+_execute = lora_llm.engine.executor.execute
+
+
+def execute_and_record(batch, kv):
+    step_adapters.append(sorted({f"a{lora_id(r)}" if lora_id(r) else "base" for r, _ in batch.items}))
+    return _execute(batch, kv)
+
+
+lora_llm.engine.executor.execute = execute_and_record
+lora_rng = np.random.default_rng(0)
+lora_prompts = [lora_rng.integers(5, 4000, size=n).tolist() for n in (12, 30, 7, 20, 16, 9, 25, 11, 14)]
+lora_of = [tiny_loras[i % 4] if i % 4 < 3 else None for i in range(len(lora_prompts))]
+greedy10 = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+lora_outs = lora_llm.generate(lora_prompts, greedy10, lora_request=lora_of)
+md_table(["step", "adapters of the step's requests"], [[i, ", ".join(s)] for i, s in enumerate(step_adapters[:6])])
+slots_used = lora_llm.engine.executor.lora
+print(f"{len(step_adapters)} steps; at most {max(len(set(s) - {'base'}) for s in step_adapters)} adapters in a step; "
+      f"{slots_used.num_loads} slot loads, {slots_used.num_evictions} evictions")
+
+# %% tags=["check"]
+assert max(len(set(s) - {"base"}) for s in step_adapters) == 2
+assert any(len(set(s) - {"base"}) == 2 and "base" in s for s in step_adapters)
+
+# %% [markdown]
+# 两个适配器和基座的请求同在一步；第三个适配器的请求要等某个槽位里的适配器在本步里没人用了才进来。
+# 按本课程的原则，带适配器的贪心输出要与 Hugging Face transformers 在**合并后**的权重 $W + sBA$ 上 `generate` 的结果逐 Token 相等：
+
+# %%
+import torch
+from transformers import AutoModelForCausalLM
+
+from minibatch.model.loader import tiny_model_path
+
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()
+hf_tiny = AutoModelForCausalLM.from_pretrained(str(tiny_model_path())).eval()
+hf_base = {k: v.clone() for k, v in hf_tiny.state_dict().items()}
+lora_equal = {}
+for i, lr in enumerate(lora_of[:4]):
+    hf_tiny.load_state_dict(hf_base if lr is None else merge_into_hf_state(hf_base, lr.adapter))
+    ids = torch.tensor([lora_prompts[i]])
+    with torch.no_grad():
+        ref = hf_tiny.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
+                               eos_token_id=None, pad_token_id=0, temperature=None, top_p=None, top_k=None)
+    lora_equal[lr.lora_name if lr else "base"] = ref[0, ids.shape[1]:].tolist() == lora_outs[i].outputs[0].token_ids
+print(lora_equal)
+
+# %% tags=["check"]
+assert all(lora_equal.values()), lora_equal
+
+# %% [markdown]
+# **槽位有多少，决定一步能装下多少请求。** 在模拟的 A100-80G 上跑 Llama-3-8B，每个租户是一个有自己适配器的客户（`tenant_adapter_engine`：租户名就是适配器名），
+# {{N_ADAPTERS}} 个适配器、租户均匀随机，提示词 512、输出 64 个 Token，到达率 {{LORA_OVERLOAD:g}} req/s 高于引擎的服务能力（此时的吞吐就是它的容量），
+# `max_lora_rank` = 16。模拟器给每一步加上两样代价（`minibatch/sim/lora.py`）：这一步用到的每个适配器两次细 GEMM 的 FLOPs 与字节（按屋顶线模型计时，每个适配器的权重读一遍），
+# 以及把不在槽位里的适配器经主机链路拷进来的时间。一个秩 16、七个投影都改的 Llama-3-8B 适配器有 {{adapter_bytes(get_model_spec("llama-3-8b"), 16) / 1e6:.0f}} MB，
+# 在 25 GB/s 的链路上要拷 {{load_time(make_cost_model("llama-3-8b", HW), 16) * 1e3:.1f}} ms；64 行、1 个与 8 个适配器的步，LoRA 的 GEMM 分别多花
+# {{lora_step_time(make_cost_model("llama-3-8b", HW), 64, 1, 16) * 1e3:.2f}} 与 {{lora_step_time(make_cost_model("llama-3-8b", HW), 64, 8, 16) * 1e3:.2f}} ms。
+# 每个配置 3 个负载种子，稳态取中间 80%：
+
+# %%
+def adapter_traffic(n, rate, seed, output_len=64, adapters=N_ADAPTERS):
+    """Poisson arrivals, 512-token prompts; each request's tenant is the adapter it asks for (uniform)."""
+    return synthetic(n, rate, input_len=512, output_len=output_len, seed=seed,
+                     tenants=[f"adapter-{i}" for i in range(adapters)])
+
+
+slot_runs = {}
+for ml in (1, 4, 16):
+    for seed in SEEDS:
+        eng = tenant_adapter_engine(model="llama-3-8b", hardware=HW, max_loras=ml, max_lora_rank=16)
+        s = run_one(adapter_traffic(LORA_N, LORA_OVERLOAD, seed), engine=eng).summary(trim=0.1)
+        slot_runs[ml, seed] = dict(tput=s["throughput_tok_s"], batch=s["mean_batch_size"], loads=eng.executor.lora.num_loads)
+slot_med = {ml: {k: float(np.median([slot_runs[ml, s][k] for s in SEEDS])) for k in ("tput", "batch", "loads")}
+            for ml in (1, 4, 16)}
+md_table(["max_loras", "output tok/s (median, 3 seeds)", "range", "mean batch size", "adapter loads"],
+         [[ml, f"{m['tput']:.0f}", f"{min(slot_runs[ml, s]['tput'] for s in SEEDS):.0f}-{max(slot_runs[ml, s]['tput'] for s in SEEDS):.0f}",
+           f"{m['batch']:.1f}", f"{m['loads']:.0f}"] for ml, m in slot_med.items()])
+
+# %% tags=["check"]
+assert all(slot_runs[1, s]["tput"] < slot_runs[4, s]["tput"] for s in SEEDS)
+assert slot_med[16]["tput"] > 2 * slot_med[1]["tput"] and slot_med[1]["batch"] < slot_med[16]["batch"]
+
+# %% [markdown]
+# 一个槽位（vLLM 的默认）时，一步里只能有一个适配器的请求：平均批大小只有 {{slot_med[1]["batch"]:.1f}}，吞吐 {{slot_med[1]["tput"]:.0f}} tok/s；
+# 4 个槽位时 {{slot_med[4]["tput"]:.0f}} tok/s，16 个（每个适配器一个）时 {{slot_med[16]["tput"]:.0f}} tok/s，是一个槽位的 {{slot_med[16]["tput"] / slot_med[1]["tput"]:.1f}} 倍。
+# 解码步读一遍基座权重的时间几乎与批大小无关（第 2 章的屋顶线模型），批越小，每个 Token 分摊的越多；多一个适配器只多读它自己约 {{adapter_bytes(get_model_spec("llama-3-8b"), 16) / 1e6:.0f}} MB 的权重，
+# 相对 {{get_model_spec("llama-3-8b").weight_bytes / 1e9:.0f}} GB 的基座很少——这正是 Punica 与 S-LoRA 要在一步里混批不同适配器的理由。
+# 适配器的加载次数并不多：跳过规则下，一个适配器一旦在槽位里，它后面到达的请求都能直接进来，别的适配器的请求要等到槽位里那个适配器的请求全部做完（练习 7）。
+#
+# **多副本：把请求送到已有它的适配器的副本。** 槽位是每个副本自己的。`least_requests` 只看负载，同一个适配器的请求散到所有副本上，
+# 每个副本都要在有限的槽位里轮换很多适配器。`lora_affinity`（`minibatch/routing/routers.py`）照搬 Gateway API Inference Extension（llm-d 的端点选择器所基于的项目）
+# v0.3.0 `pkg/epp/scheduling/scheduler.go` 的决策树：等待请求少于 128 个的副本里，先选正在运行或排队着这个适配器的副本（读 vLLM 的 `vllm:lora_requests_info` 指标，
+# 以 0.999 的概率；否则选还有空槽位的），再在其中选等待队列最短的一档、KV 用量最低的一档，最后随机挑一个。
+# 4 个副本、每个 `max_loras` = 4，{{N_ADAPTERS}} 个适配器、{{ROUTE_RATE:g}} req/s（{{ROUTE_N / ROUTE_RATE:.0f}} s 的到达），输出 128 个 Token，3 个负载种子，稳态取中间 80%：
+
+# %%
+route_runs = {}
+for seed in SEEDS:
+    for name, kw in (("least_requests", {}), ("lora_affinity", {"adapter_field": "tenant"})):
+        engs = [tenant_adapter_engine(model="llama-3-8b", hardware=HW, max_loras=4, max_lora_rank=16) for _ in range(4)]
+        s = cluster.run(adapter_traffic(ROUTE_N, ROUTE_RATE, seed, output_len=128), engines=engs, router=name, router_kwargs=kw).summary(trim=0.1)
+        route_runs[name, seed] = dict(loads=sum(e.executor.lora.num_loads for e in engs), ttft_p50=s["ttft_p50"], ttft_p90=s["ttft_p90"])
+route_med = {n: {k: float(np.median([route_runs[n, s][k] for s in SEEDS])) for k in ("loads", "ttft_p50", "ttft_p90")}
+             for n in ("least_requests", "lora_affinity")}
+md_table(["router (4 replicas, median of 3 seeds)", "adapter loads", "TTFT p50 (s)", "TTFT p90 (s)"],
+         [[n, f"{m['loads']:.0f}", f"{m['ttft_p50']:.3f}", f"{m['ttft_p90']:.3f}"] for n, m in route_med.items()])
+
+# %% tags=["check"]
+assert all(route_runs["lora_affinity", s]["loads"] < route_runs["least_requests", s]["loads"] for s in SEEDS)
+assert all(route_runs["lora_affinity", s]["ttft_p90"] < route_runs["least_requests", s]["ttft_p90"] for s in SEEDS)
+
+# %% [markdown]
+# 按适配器亲和路由，加载次数从 {{route_med["least_requests"]["loads"]:.0f}} 次降到 {{route_med["lora_affinity"]["loads"]:.0f}} 次，
+# TTFT p90 从 {{route_med["least_requests"]["ttft_p90"]:.3f}} s 降到 {{route_med["lora_affinity"]["ttft_p90"]:.3f}} s（每个种子都更低）。
+# 差别主要不在拷贝本身（每次约 {{load_time(make_cost_model("llama-3-8b", HW), 16) * 1e3:.1f}} ms），而在槽位规则：`least_requests` 下每个副本都要服务几乎所有 {{N_ADAPTERS}} 个适配器，
+# 4 个槽位装不下，请求要等别的适配器的请求做完；亲和路由让每个副本只负责少数几个适配器，一步就能把它们都装下。
+# 这里的代价模型没有计入细 GEMM 远离屋顶线上限的低效率、也没有计入从磁盘第一次读适配器，真实 GPU 上每多一个适配器的代价会比这里大。
+
+# %% [markdown]
 # ## 小结
 #
 # - 一张卡放几个模型，显存账是 $\text{KV}_m = \lfloor (s_m M - W_m - R)/b_m \rfloor$：权重先占，剩下的才分给各模型的 KV；
@@ -583,6 +745,8 @@ W.interact(explore, setup=W.Dropdown(options=list(SETUPS), value="partition"),
 #   它用延迟换显存与卡数，适合放不下、按阶段轮换的模型；两个模型同时有流量时很糟。
 # - **按模型路由**：集群层只在服务该模型的副本里挑（`cluster.run(models=...)`）。把每个模型放到更多的卡上（统计复用，AlpaServe），
 #   一个模型的突发就能用上更多的卡，突发流量下尾延迟更低，代价是每份 KV 更小。
+# - **多 LoRA 批处理**：同一基座的很多微调版本是 LoRA 适配器时，只放一份基座，一步里不同适配器的请求一起做基座 GEMM、各自加两次细 GEMM（Punica 的 SGMV）；
+#   一步最多 `max_loras` 个不同的适配器（vLLM 默认 1），槽位太少时批变小、吞吐成倍下降；多副本时按适配器亲和路由（Gateway API Inference Extension）让每个副本只管少数适配器。
 # - 成本按卡数 × 时间算（GPU·秒），不论忙闲；比较部署方式时要同时看 SLO 达成率与成本，并且只比较放得下的配置。
 #
 # 下一章（第 26 章）把视线放到同一模型的多个副本上：路由器怎样在副本之间分配请求。
@@ -601,6 +765,8 @@ W.interact(explore, setup=W.Dropdown(options=list(SETUPS), value="partition"),
 #    每卡两模型还占优吗？看看每个引擎的 `kv_blocks_total`。
 # 6. **复用摊不开平均负载。** 把 25.6 节每个模型的到达率提到 16 req/s（`TWIN_RATE = 16.0`），突发度仍为 0.05，重跑。
 #    两种放法的达成率与 TTFT p99 怎样变？每卡两模型还占优吗？再把回放缩短到 10 s（`TWIN_S = 10.0`）看一次，结论可信吗？
+# 7. **跳过规则的公平性。** 在 25.8 节的单引擎实验里取 `max_loras=1`、到达率 8 req/s（低于 16 个槽位时的容量），按适配器（`RequestRecord.tenant`）分组算 TTFT p90。
+#    各适配器的 p90 差别大吗？跳过规则会让某个适配器一直等下去吗？换成 `max_loras=4` 呢？
 #
 # <details><summary>提示与参考答案</summary>
 #
@@ -619,10 +785,18 @@ W.interact(explore, setup=W.Dropdown(options=list(SETUPS), value="partition"),
 # 6. 每个模型 16 req/s 时，一次突发就让两张卡都过载：两种放法的达成率都掉到一半以下，每卡两模型不再更好（有的种子更差——
 #    两个模型的步在一张卡上轮流执行，本身就有代价）。只回放 10 s 时却可能看到每卡两模型明显更好：很突发的流量下，
 #    10 s 里只有一两次突发，结论取决于它们落在哪里。突发越强，稳态测量越要长、种子越要多。
+# 7. `res = run_one(adapter_traffic(240, 8.0, 1), engine=tenant_adapter_engine(model="llama-3-8b", max_loras=1))`，再按 `q.tenant` 分组取 `q.ttft` 的 p90。
+#    一个槽位时，引擎的容量（25.8 节的表）低于 8 req/s 的需求，队列一直在长，每个适配器的 TTFT 都很长，而且各适配器之间差别不大：
+#    槽位里那个适配器后到的请求可以越过队首别的适配器的请求，但每个适配器的到达率不高，它的请求总会做完，槽位就给队首请求的适配器，
+#    所以这里没有哪个适配器一直等下去（某个适配器的请求若源源不断，它就能一直占住槽位）；代价是每次轮换都要等槽位里那个适配器的请求全部做完。4 个槽位时容量高于需求，等待短得多。vLLM 的调度器没有为适配器之间的公平做专门处理。
 #
 # </details>
 #
 # **本章引用**：AlpaServe（Li et al., *AlpaServe: Statistical Multiplexing with Model Parallelism for Deep Learning Serving*, OSDI'23, arXiv:2302.11665）；
 # vLLM 0.11.0 源码 `vllm/config/cache.py`（`gpu_memory_utilization`）、`vllm/v1/worker/gpu_worker.py`（`requested_memory`、`Worker.sleep`）、
 # `vllm/v1/core/kv_cache_utils.py`（`check_enough_kv_cache_memory`）、`vllm/entrypoints/llm.py`（`LLM.sleep`、`LLM.wake_up`）；
+# LoRA（Hu et al., arXiv:2106.09685）；Punica（Chen et al., arXiv:2310.18547）；S-LoRA（Sheng et al., arXiv:2311.03285）；
+# vLLM 0.11.0 `vllm/config/lora.py`（`LoRAConfig`：`max_loras`、`max_lora_rank`、`max_cpu_loras`）、`vllm/v1/core/sched/scheduler.py`（`scheduled_loras`）、
+# `vllm/lora/worker_manager.py`（`LRUCacheWorkerLoRAManager`）、`vllm/v1/metrics/loggers.py`（`vllm:lora_requests_info`）；
+# Gateway API Inference Extension v0.3.0 `pkg/epp/scheduling/scheduler.go`（`lowLatencyFilter`）与 `filter.go`（`loRASoftAffinityFilter`）；
 # vLLM 博客 *Zero-Reload Model Switching with vLLM Sleep Mode*（blog.vllm.ai，2025-10-26）；NVIDIA Multi-Process Service 文档（docs.nvidia.com/deploy/mps，“When to Use MPS”）。
