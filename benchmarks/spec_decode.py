@@ -15,9 +15,10 @@ sim   Llama-3.1-8B on one H100 (roofline cost model): the closed-form speed-up o
       drafts at acceptance 0.6 and 0.8, for batch sizes 1..1024 and contexts 256 / 1024 /
       4096 (``minibatch.sim.spec_decode.spec_step_speedup``), the best ``k`` per batch size,
       and the same effect from engine runs of the simulator (SimExecutor, virtual clock):
-      B requests of 256-token prompts and 256 outputs, throughput on/off per batch size.
+      B requests of 256-token prompts and 256 outputs, throughput on/off per batch size, for
+      k = 3 and for a ``num_speculative_tokens_per_batch_size`` table built from the best k.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/spec_decode.py              # both (~2 min here)
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/spec_decode.py              # both (~3 min here, loaded)
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/spec_decode.py --skip-tiny
 """
 
@@ -123,12 +124,23 @@ def sim(args) -> dict:
             best = [best_draft_length(cm, b, ctx, a) for b in args.sim_batches]
             print(f"sim   ctx {ctx:5d} acceptance {a}: k=3 speed-up " +
                   ", ".join(f"B={b}: {s:.2f}x" for b, s in pts) + f"; best k {best}")
+    # The draft length by batch size (vLLM's num_speculative_tokens_per_batch_size) from the cost model's best k.
+    best = {b: best_draft_length(cm, b, 256, 0.6, max_k=6) for b in args.sim_batches}
+    schedule, lo = [], 1
+    for b in sorted(best):
+        if schedule and schedule[-1][2] == best[b]:
+            schedule[-1][1] = b
+        else:
+            schedule.append([lo, b, best[b]])
+        lo = b + 1
+    print(f"sim   num_speculative_tokens_per_batch_size = {schedule}")
     engine_rows = []
     for b in args.sim_engine_batches:
         r = sim_engine_ratio(b, 3, 0.6)
-        engine_rows.append((b, r))
-        print(f"sim   engine B={b:4d} k=3 acceptance 0.6: {r['tok_s_off']:8.0f} -> {r['tok_s_on']:8.0f} tok/s, "
-              f"on/off {r['ratio']:.2f}x")
+        d = sim_engine_ratio(b, max(best.values()), 0.6, per_batch_size=schedule)
+        engine_rows.append((b, r, d))
+        print(f"sim   engine B={b:4d} acceptance 0.6: off {r['tok_s_off']:8.0f} tok/s; k=3 {r['tok_s_on']:8.0f} "
+              f"(on/off {r['ratio']:.2f}x); schedule {d['tok_s_on']:8.0f} (on/off {d['ratio']:.2f}x)")
     return {"curve": curve, "engine": engine_rows}
 
 
