@@ -149,6 +149,23 @@ def test_recomputed_tokens_are_exactly_what_the_preemption_threw_away():
     assert (rec.computed_tokens, rec.recomputed_tokens) == (15, 7)
 
 
+@pytest.mark.parametrize("caching, recomputed", [(False, 8), (True, 0)])
+def test_prefix_cache_hits_on_resume_are_not_counted_as_recomputed(caching, recomputed):
+    """d (8 prompt tokens, two full blocks of 4) is preempted by recompute after computing them; on
+    resume the prefix cache serves both blocks, so only the pending token is computed again."""
+    s = Scheduler(EngineConfig.from_kwargs(num_kv_blocks=8, block_size=4, max_model_len=64,
+                                           enable_prefix_caching=caching), KVCacheManager(8, 4, caching), max_model_len=64)
+    d = req("d", 8)
+    s.add(d)
+    apply_step(s, s.schedule(0.0))
+    s.kv.cache_full_blocks(d)
+    s._preempt(d, 0.0)
+    batch = s.schedule(1.0)
+    assert batch.items == [(d, 1 if caching else 9)]
+    assert (d.num_recomputed_tokens, d.num_computed_total) == (recomputed, 8 + (1 if caching else 9))
+    assert s.num_recomputed_tokens == recomputed
+
+
 def workload(n=40, seed=0) -> Workload:
     rng = random.Random(seed)
     return Workload([RequestSpec(0.05 * i, rng.randint(64, 600), rng.randint(32, 300), priority=rng.randint(0, 2),
