@@ -28,6 +28,10 @@ Two ways to run it, with the same scheduling (and the same tokens):
   after step N's tokens are applied; a request that finished in N leaves N+1 unexecuted
   (its slot still counted as wasted). The simulator models the overlap itself
   (``SimExecutor``: ``max(forward, step_overhead_s)`` instead of their sum).
+
+Limits: not with swap preemption or speculative decoding (``EngineConfig`` refuses both). A
+sampling error fails only its request, as in the synchronous engine; a forward that raises on
+the worker thread fails every request of that step (the synchronous engine retries each alone).
 """
 
 from __future__ import annotations
@@ -85,7 +89,6 @@ class OverlapScheduler:
         if self._pool is not None:       # the worker thread ends with the engine
             weakref.finalize(self, self._pool.shutdown, wait=False)
         self.num_wasted_slots = 0        # scheduled (request, step) pairs whose request had finished
-        self.overlap_time = 0.0          # threaded: seconds of CPU work that ran during a forward
 
     @property
     def busy(self) -> bool:
@@ -98,7 +101,6 @@ class OverlapScheduler:
 
     # -- one engine step -----------------------------------------------------------------
     def step(self) -> list[Request]:
-        e = self.engine
         if self.inflight is None:           # idle: plan and launch a first step
             first = self._plan()
             if first is None:
@@ -112,14 +114,12 @@ class OverlapScheduler:
             if not req.is_finished:
                 req.output_token_ids.append(placeholder(k))
         self._pending = []
-        t0 = time.perf_counter()
         nxt = self._plan()                  # step N+1, while step N runs
-        cpu = time.perf_counter() - t0
         if self.threaded:
-            return self._finish_threaded(cur, nxt, cpu)
+            return self._finish_threaded(cur, nxt)
         return self._finish_inline(cur, nxt)
 
-    def _finish_threaded(self, cur: _Step, nxt: _Step | None, plan_cpu: float) -> list[Request]:
+    def _finish_threaded(self, cur: _Step, nxt: _Step | None) -> list[Request]:
         from minibatch.executor import describe_error
         from minibatch.sampler import sample
 
@@ -144,9 +144,8 @@ class OverlapScheduler:
             failed = [(cur.sample_reqs[i], describe_error(x)) for i, x in errors.items()]
             logprobs = {cur.sample_reqs[i].request_id: lp for i, lp in row_lp.items()}
         sample_time = time.perf_counter() - t0
-        # Wall clock: CPU work hidden behind the forward. Virtual clock: the parts the synchronous
-        # step charges too (prepare, forward, sampling), the next step's prepare overlapping.
-        self.overlap_time += min(plan_cpu + prepare_next, forward_time)
+        # Virtual clock: the parts the synchronous step charges too (prepare, forward, sampling),
+        # the next step's prepare overlapping the forward (the wall clock measures itself).
         e.clock.advance(cur.lead_time + max(forward_time, prepare_next) + sample_time + cur.swap_time)
         if nxt is not None:
             by_req = {id(r): t for r, t in sampled}
