@@ -495,6 +495,19 @@ class MyPolicy(Policy):
         return sorted((r for r in state.running + state.waiting if r.sampling_params.max_tokens <= 1024),
                       key=lambda r: r.arrival_time)
 ''', says="never lets them run (starvation)"),
+    # Issue 34: passed task 5 before the rush-hour workload (its long requests never starve on the chat one).
+    Mistake("L09", "pure-preemptive-sjf", 5, "task-5", '''\
+class MyPolicy(Policy):
+    """Your policy for chat traffic with a batch job of long requests."""
+
+    name = "l09_mine"
+    preemptive = True
+
+    def schedule_order(self, state: SchedulerState) -> list[Request]:
+        # Shortest remaining output first, and preemptive: a short request never waits behind a long one.
+        key = lambda r: (r.sampling_params.max_tokens - r.num_output_tokens, r.arrival_time)
+        return sorted(state.running + state.waiting, key=key)
+''', says="rush hour: the slowest request must finish within"),
     Mistake("L09", "subclasses-MLFQPolicy", 5, "task-5", '''\
 class MyPolicy(MLFQPolicy):
     """Your policy for chat traffic with a batch job of long requests."""

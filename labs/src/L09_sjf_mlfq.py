@@ -6,8 +6,8 @@
 # 请求长度相差悬殊时，先来先服务（FCFS）让短请求排在长请求后面：这就是**队头阻塞**（Head-of-line Blocking）。
 # 本实验把两种对策写成 minibatch 的调度策略（Policy），每一个都由检查单元格插进真实的引擎（模拟器、虚拟时钟）里运行：
 # 按预测的输出长度排序的**最短作业优先**（SJF, Shortest Job First）与防止饥饿的**老化**（Aging）；FastServe 的**跳级加入多级反馈队列**
-# （Skip-join MLFQ）：时间片、跳级加入、降级与饥饿提升。最后是一道开放题：在一个没给你看过的负载上，让所有请求的 p99 E2E 胜过 FCFS（快一倍以上），
-# 同时不让长的批处理请求饿过一个界限。
+# （Skip-join MLFQ）：时间片、跳级加入、降级与饥饿提升。最后是一道开放题：在没给你看过的负载上，让所有请求的 p99 E2E 胜过 FCFS（快一倍以上），
+# 同时不让长的批处理请求饿过一个界限——连对话请求的高峰期（Rush Hour）占满所有槽位时也不行。
 #
 # **学习目标**
 #
@@ -477,6 +477,7 @@ print(f"12 random workloads and parameter sets ({promoted} with starvation promo
 
 # %%
 CHAT_SIM = dict(max_num_seqs=4)
+STARVE = 3.0          # no starvation: the slowest request within STARVE x FCFS's slowest, on both workloads
 
 
 def chat_and_batch(seed, n_chat=500, rate=2.0, n_batch=3):
@@ -488,6 +489,21 @@ def chat_and_batch(seed, n_chat=500, rate=2.0, n_batch=3):
     batch = [RequestSpec(float(t0 + 0.05 * i), int(rng.integers(500, 2000)), int(rng.integers(2000, 4000)),
                          request_id=f"batch-{i}") for i in range(n_batch)]
     return chat.merge(Workload(batch), name=f"chat+batch seed {seed}")
+
+
+def rush_hour(seed, rate=4.5, seconds=150.0, after_rate=2.0, after_seconds=60.0, batch_at=10.0, n_batch=3):
+    """A rush of chat requests (4.5/s for 150 s: more than 4 slots serve), then 2/s for 60 s; the batch job at 10 s."""
+    def chat(n, r, s, name):
+        return synthetic(n, r, burstiness=0.25, input_len=lognormal(median=256, sigma=0.8, max=2048),
+                         output_len=lognormal(median=64, sigma=0.7, max=512), seed=s, name=name)
+
+    after = Workload([RequestSpec(q.arrival_time + seconds, q.prompt_len, q.max_tokens, request_id=q.request_id)
+                      for q in chat(int(after_rate * after_seconds), after_rate, seed + 7, "chat")])
+    rng = np.random.default_rng(seed + 1000)
+    batch = [RequestSpec(batch_at + 0.05 * i, int(rng.integers(500, 2000)), int(rng.integers(2000, 4000)),
+                         request_id=f"batch-{i}") for i in range(n_batch)]
+    rush = chat(int(rate * seconds), rate, seed, "rush")
+    return rush.merge(after).merge(Workload(batch), name=f"rush hour seed {seed}")
 
 
 def evaluate(policy, workload):
@@ -514,15 +530,15 @@ for name, m in base.items():
     print(f"{name:<21} E2E p50 {m['p50']:5.2f} s, p99 {m['p99']:5.2f} s ({m['p99'] / fcfs['p99']:4.0%} of FCFS); "
           f"slowest {m['slowest']:5.1f} s")
 print(f"{n_steady} steady-state requests, {n_long} of them long: p99 is about the {rank}th slowest")
-print(f"to pass: p99 <= {0.5 * fcfs['p99']:.2f} s and slowest request <= {2.5 * fcfs['slowest']:.1f} s")
+print(f"to pass: p99 <= {0.5 * fcfs['p99']:.2f} s and slowest request <= {STARVE * fcfs['slowest']:.1f} s")
 assert n_long == 3 and rank > n_long and sorted(fcfs["slowest_ids"][:3]) == ["batch-0", "batch-1", "batch-2"], \
     "the prose says the 3 long requests are the slowest under FCFS, and the p99 lies below them"
 sjf_m, mlfq_m = base["SJF (non-preemptive)"], base["MLFQ (defaults)"]
 assert sjf_m["p99"] > fcfs["p99"] and 0.5 * fcfs["p99"] < mlfq_m["p99"] < fcfs["p99"] and mlfq_default.num_promotions > 0, \
     "the prose says the non-preemptive SJF is worse than FCFS, the default MLFQ better but short of 50%, and MLFQ promotes"
-assert max(sjf_m["slowest"], mlfq_m["slowest"]) <= 2.5 * fcfs["slowest"], "the prose says neither starves the long requests"
+assert max(sjf_m["slowest"], mlfq_m["slowest"]) <= STARVE * fcfs["slowest"], "the prose says neither starves the long requests"
 batch_arrival = min(q.arrival_time for q in WORKLOAD if q.request_id.startswith("batch"))
-assert WORKLOAD[-1].arrival_time - batch_arrival > 2.5 * fcfs["slowest"], \
+assert WORKLOAD[-1].arrival_time - batch_arrival > STARVE * fcfs["slowest"], \
     "the prose says serving the long requests after the chat stream would break the bound"
 
 # %% [markdown]
@@ -538,21 +554,60 @@ assert WORKLOAD[-1].arrival_time - batch_arrival > 2.5 * fcfs["slowest"], \
 # {{sum(mlfq_default.quantum(i) for i in range(mlfq_default.num_levels - 1))}} 个 Token 后就降到与长任务相同的最低级别，在那里按进入该级的先后排队；
 # 超过 `starve_limit_s=10` 秒没被调度的长任务还会被提回第 0 级（这次运行里提升了 {{mlfq_default.num_promotions}} 次）。两者都没让长请求饿过界限。
 #
+# 那么抢占式的纯 SJF（`preemptive=True`，不老化：剩余输出最短的先走，短请求一来就让长任务让路）呢？下面先在这个负载上跑它，
+# 再换一个负载：对话请求的高峰期（Rush Hour，`rush_hour`），短请求来得比 4 个槽位服务得还快，一段时间里持续占满所有槽位。
+# 比较 FCFS、抢占式的纯 SJF 与默认参数的 MLFQ，看最慢的请求：
+
+# %%
+RUSH_WORKLOAD = rush_hour(4)
+RUSH_RATE, RUSH_SECONDS, RUSH_BATCH_AT = (inspect.signature(rush_hour).parameters[k].default
+                                          for k in ("rate", "seconds", "batch_at"))
+srpt_main = evaluate(SJFPolicy(aging_tokens_per_s=0, prefill_weight=0, preemptive=True), WORKLOAD)
+rush_base = {"FCFS": evaluate("continuous", RUSH_WORKLOAD),
+             "SJF (preemptive)": evaluate(SJFPolicy(aging_tokens_per_s=0, prefill_weight=0, preemptive=True), RUSH_WORKLOAD),
+             "MLFQ (defaults)": evaluate(mlfq_rush := MLFQPolicy(), RUSH_WORKLOAD)}
+fcfs_rush = rush_base["FCFS"]
+for name, m in rush_base.items():
+    longest = max(q.e2e for q in m["result"].requests if q.request_id.startswith("batch"))
+    print(f"{name:<21} slowest {m['slowest']:6.1f} s ({m['slowest'] / fcfs_rush['slowest']:3.1f} x FCFS's); "
+          f"the batch job's slowest {longest:6.1f} s")
+srpt_rush = rush_base["SJF (preemptive)"]
+assert srpt_main["p99"] <= 0.5 * fcfs["p99"] and srpt_main["slowest"] <= STARVE * fcfs["slowest"], \
+    "the prose says preemptive SJF without aging meets both conditions on the chat workload"
+assert srpt_rush["slowest"] > 1.5 * STARVE * fcfs_rush["slowest"], "the prose says it starves the long requests in the rush"
+assert rush_base["MLFQ (defaults)"]["slowest"] > STARVE * fcfs_rush["slowest"] and mlfq_rush.num_promotions > 0, \
+    "the prose says MLFQ's promotions do not keep the long requests within the bound in the rush"
+
+# %% [markdown]
+# 在对话 + 批处理负载上，抢占式纯 SJF 两条都过得去：p99 是 FCFS 的 {{srpt_main['p99'] / fcfs['p99']:.0%}}，
+# 最慢的请求是 FCFS 最慢请求的 {{srpt_main['slowest'] / fcfs['slowest']:.1f}} 倍。这不说明它不会饿死长任务，只说明这个负载饿不死它们：
+# 对话请求平均每秒只有 2 个，很少同时占满 4 个槽位，长任务就在短请求没占的槽位上往前走。高峰期负载里，对话请求先以每秒 {{RUSH_RATE}} 个的速度来
+# {{RUSH_SECONDS:.0f}} s（比 4 个槽位服务得快，队列越排越长），之后回到每秒 2 个；批处理作业的 3 个长请求在第 {{RUSH_BATCH_AT:.0f}} s 提交。
+#
+# 高峰期里，抢占式纯 SJF 的最慢请求是 FCFS 的 {{srpt_rush['slowest'] / fcfs_rush['slowest']:.1f}} 倍：只要队列里还有短请求，长任务就一直让路，
+# 直到高峰过去、积压的短请求排完才轮到它们。默认参数的 MLFQ 也好不了多少（{{rush_base['MLFQ (defaults)']['slowest'] / fcfs_rush['slowest']:.1f}} 倍），
+# 尽管它提升了 {{mlfq_rush.num_promotions}} 次：饥饿提升只保证长任务每 `starve_limit_s` 秒至少被调度一次，提回第 0 级后它只得到
+# {{mlfq_rush.quantum(0)}} 个 Token 的时间片，下一级 {{mlfq_rush.quantum(1)}} 个……很快又降到新来的对话请求之下。它防住了“一直不被调度”，
+# 没防住“进展太慢”。要给长任务一个最坏情况的保证，机制（老化、饥饿提升）得让它在有限时间内**做完**，而且不能指望负载帮忙。
+#
 # ## 任务 5 · 所有请求的 p99 E2E 胜过 FCFS，不饿死长任务（开放题，按阈值评分）
 #
-# 写一个策略 `MyPolicy`（`Policy` 的子类；不许继承或调用 `SJFPolicy`、`MLFQPolicy`，任务 1–4 里你自己的类可以用），在这个负载上**同时**做到：
+# 写一个策略 `MyPolicy`（`Policy` 的子类；不许继承或调用 `SJFPolicy`、`MLFQPolicy`，任务 1–4 里你自己的类可以用），**同时**做到：
 #
-# | 指标 | 通过条件 | 为什么 |
-# |---|---|---|
-# | 所有请求 E2E 的 p99（稳态：到达时间落在中间 80% 的请求，长请求也算在内） | ≤ FCFS 的 50% | 目标：不让 3 个长任务堵住其余的请求 |
-# | 所有请求中最慢的 E2E | ≤ FCFS 下最慢请求的 2.5 倍 | 不饿死：长任务可以让路，但不能无限期地让 |
+# | 负载 | 指标 | 通过条件 | 为什么 |
+# |---|---|---|---|
+# | 对话 + 批处理（`chat_and_batch`） | 所有请求 E2E 的 p99（稳态：到达时间落在中间 80% 的请求，长请求也算在内） | ≤ FCFS 的 50% | 目标：不让 3 个长任务堵住其余的请求 |
+# | 对话 + 批处理（`chat_and_batch`） | 所有请求中最慢的 E2E | ≤ FCFS 下最慢请求的 {{STARVE:.0f}} 倍 | 不饿死：长任务可以让路，但不能无限期地让 |
+# | 高峰期（`rush_hour`） | 所有请求中最慢的 E2E | ≤ FCFS 下最慢请求的 {{STARVE:.0f}} 倍 | 短请求占满所有槽位时也不饿死 |
 #
-# 在上面这个负载上，两个条件就是：p99 ≤ {{0.5 * fcfs['p99']:.2f}} s，最慢请求 ≤ {{2.5 * fcfs['slowest']:.1f}} s。第二个条件挡住的是
-# 把长任务一直往后推的策略：对话请求要持续约 {{WORKLOAD[-1].arrival_time:.0f}} s，等它们都走完才服务长任务，长任务的 E2E 就远超这个界限。
+# 在上面两个负载上，三个条件就是：p99 ≤ {{0.5 * fcfs['p99']:.2f}} s，最慢请求 ≤ {{STARVE * fcfs['slowest']:.1f}} s；高峰期里最慢请求
+# ≤ {{STARVE * fcfs_rush['slowest']:.1f}} s。后两个条件挡住的是把长任务一直往后推的策略：对话请求要持续约 {{WORKLOAD[-1].arrival_time:.0f}} s，
+# 等它们都走完才服务长任务，长任务的 E2E 就远超这个界限；只在槽位空闲时才服务长任务的策略，过得了第一个负载，过不了高峰期。
 #
-# 阈值的来由：参考答案在这个负载上、在评分用的另一个种子上、也在另外十来个种子上都满足两个条件，而且离每个阈值都有余量
-# （答案文件里检查单元格打印了它的数）；上表里的两个策略都过不了第一个条件。评分器会在一个**没给你看过**的种子上重新生成同样形状的负载、
-# 再检查一次（相对那个种子上的 FCFS），所以不要按这一个负载调参数，也不要按 `request_id` 认请求。
+# 阈值的来由：参考答案在这两个负载、评分用的种子上都满足三个条件，离每个阈值都有余量（答案文件里检查单元格打印了它的数；
+# 测试 `tests/test_lab_open_tasks.py` 还在另外三个种子上检查它能过、而抢占式纯 SJF 过不了）；上面的 FCFS、两种 SJF 与默认的 MLFQ
+# 都至少过不了一个条件（非抢占的 SJF 与 MLFQ 过不了第一个，抢占式纯 SJF 与 MLFQ 过不了第三个）。评分器会在三个**没给你看过**的种子上重新生成同样形状的两种负载、再检查一次：每个比值（你的 / 那个种子上的 FCFS）
+# 取三个种子的中位数，与上面的阈值比较。所以不要按这一个负载调参数，也不要按 `request_id` 认请求。
 #
 # 可以用的信息：`state.running`、`state.waiting`、`state.now`，每个请求的 `sampling_params.max_tokens`（先知长度）、`num_output_tokens`、
 # `arrival_time`、`num_prompt_tokens`、`policy_state`；可以在 `__init__` 里设 `self.preemptive = True`，可以实现 `on_step`。
@@ -569,7 +624,7 @@ class MyPolicy(Policy):
         ### BEGIN SOLUTION
         self.preemptive = True
         self.long_tokens = 1024       # a request that will generate more than this is a long job
-        self.max_yield_s = 60.0       # a long job yields to the short requests for at most this long
+        self.max_yield_s = 45.0       # a long job yields to the short requests for at most this long
         ### END SOLUTION
 
     def schedule_order(self, state: SchedulerState) -> list[Request]:
@@ -607,13 +662,18 @@ def evaluate_mine(workload):
     return out
 
 
-mine = evaluate_mine(WORKLOAD)
+mine, mine_rush = evaluate_mine(WORKLOAD), evaluate_mine(RUSH_WORKLOAD)
 print(f"yours: p99 {mine['p99']:.2f} s (need <= {0.5 * fcfs['p99']:.2f}), "
-      f"slowest {mine['slowest']:.1f} s (need <= {2.5 * fcfs['slowest']:.1f}); p50 {mine['p50']:.2f} s")
+      f"slowest {mine['slowest']:.1f} s (need <= {STARVE * fcfs['slowest']:.1f}); p50 {mine['p50']:.2f} s; "
+      f"rush hour: slowest {mine_rush['slowest']:.1f} s (need <= {STARVE * fcfs_rush['slowest']:.1f})")
 assert mine["p99"] <= 0.5 * fcfs["p99"], \
     f"p99 E2E over all requests must be <= 50% of FCFS's {fcfs['p99']:.2f} s; yours {mine['p99']:.2f} s"
-assert mine["slowest"] <= 2.5 * fcfs["slowest"], \
-    f"the slowest request must finish within 2.5 x FCFS's slowest ({fcfs['slowest']:.1f} s); yours took {mine['slowest']:.1f} s (starvation)"
+assert mine["slowest"] <= STARVE * fcfs["slowest"], \
+    (f"the slowest request must finish within {STARVE:g} x FCFS's slowest ({fcfs['slowest']:.1f} s); "
+     f"yours took {mine['slowest']:.1f} s (starvation)")
+assert mine_rush["slowest"] <= STARVE * fcfs_rush["slowest"], \
+    (f"rush hour: the slowest request must finish within {STARVE:g} x FCFS's slowest ({fcfs_rush['slowest']:.1f} s); "
+     f"yours took {mine_rush['slowest']:.1f} s (starvation)")
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3))
 for m, col, label in ((fcfs, "0.4", "FCFS"), (base["MLFQ (defaults)"], "C1", "MLFQ, defaults"), (mine, "C0", "yours")):
     e2e = np.sort([q.e2e for q in steady_state(m["result"].requests, 0.1)])
@@ -621,7 +681,7 @@ for m, col, label in ((fcfs, "0.4", "FCFS"), (base["MLFQ (defaults)"], "C1", "ML
     batch = sorted((q.arrival_time, q.finish_time) for q in m["result"].requests if q.request_id.startswith("batch"))
     ax2.plot(range(len(batch)), [f - a for a, f in batch], "o-", color=col, label=label)
 ax1.axhline(0.99, color="k", lw=0.5, ls=":")
-ax2.axhline(2.5 * fcfs["slowest"], color="C3", lw=1, ls="--", label="bound: 2.5 x FCFS's slowest")
+ax2.axhline(STARVE * fcfs["slowest"], color="C3", lw=1, ls="--", label=f"bound: {STARVE:g} x FCFS's slowest")
 ax1.set(xscale="log", xlabel="E2E (s)", ylabel="fraction", title="all steady-state requests")
 ax2.set(xlabel="long request", ylabel="E2E (s)", title="the batch job's requests", ylim=(0, None))
 ax1.legend(fontsize=7)
@@ -630,15 +690,25 @@ plt.tight_layout()
 plt.show()
 
 # %% tags=["check:5", "hidden"]
-other = chat_and_batch(7)
-fcfs7, mine7 = evaluate("continuous", other), evaluate_mine(other)
-# Ratios only: the unseen seed's own figures stay hidden.
-assert mine7["p99"] <= 0.5 * fcfs7["p99"], \
-    f"unseen seed: p99 E2E over all requests must be <= 50% of FCFS's; yours is {mine7['p99'] / fcfs7['p99']:.0%} of it"
-assert mine7["slowest"] <= 2.5 * fcfs7["slowest"], \
-    (f"unseen seed: the slowest request must finish within 2.5 x FCFS's slowest; yours took "
-     f"{mine7['slowest'] / fcfs7['slowest']:.1f} x (starvation)")
-print("unseen workload seed: both thresholds met")
+ratios = {"p99": [], "slowest": [], "rush slowest": []}
+for seed in (7, 12, 18):
+    workload, rush = chat_and_batch(seed), rush_hour(seed)
+    fcfs_u, mine_u = evaluate("continuous", workload), evaluate_mine(workload)
+    fcfs_r, mine_r = evaluate("continuous", rush), evaluate_mine(rush)
+    ratios["p99"].append(mine_u["p99"] / fcfs_u["p99"])
+    ratios["slowest"].append(mine_u["slowest"] / fcfs_u["slowest"])
+    ratios["rush slowest"].append(mine_r["slowest"] / fcfs_r["slowest"])
+median = {k: float(np.median(v)) for k, v in ratios.items()}
+# Ratios only: the unseen seeds' own figures stay hidden.
+assert median["p99"] <= 0.5, \
+    f"unseen seeds: p99 E2E over all requests must be <= 50% of FCFS's; yours is {median['p99']:.0%} of it (median of 3 seeds)"
+assert median["slowest"] <= STARVE, \
+    (f"unseen seeds: the slowest request must finish within {STARVE:g} x FCFS's slowest; yours took "
+     f"{median['slowest']:.1f} x (median of 3 seeds; starvation)")
+assert median["rush slowest"] <= STARVE, \
+    (f"unseen seeds, rush hour: the slowest request must finish within {STARVE:g} x FCFS's slowest; yours took "
+     f"{median['rush slowest']:.1f} x (median of 3 seeds; starvation)")
+print("unseen workload seeds: all three thresholds met (medians of 3 seeds)")
 
 # %% [markdown]
 # ## 小结
@@ -649,7 +719,8 @@ print("unseen workload seed: both thresholds met")
 # - p99 只跳过最慢的 1%：长请求不到 1% 时，p99 落在被它们堵住的短请求上，调度能把它降下来；长请求更多时，p99 就是长请求本身，
 #   让短请求先走只会让它变差（第 21 章）。
 # - 非抢占的 SJF 只管接纳的先后：长任务一旦占上槽位就不让。要降低被堵住的短请求的尾延迟，需要抢占（按长度或按已得到的服务），
-#   而要给长任务一个最坏情况的保证，需要老化或饥饿提升这样的机制。
+#   而要给长任务一个最坏情况的保证，需要老化或饥饿提升这样的机制：槽位常有空闲的负载饿不死长任务，
+#   短请求占满所有槽位的高峰期才考验出策略本身有没有这个保证。
 #
 # **思考题**：把开放题负载里的先知长度换成有噪声的预测（`NoisyOracle(1.0)`），你的策略还能过两个阈值吗？不看长度的 MLFQ 怎样调参
 # （`base_quantum`、`starve_limit_s`）才能过？
