@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import hf_greedy, make_checkpoint
+from conftest import ARCHS, hf_greedy, make_checkpoint
 from minibatch import LLM, LLMEngine, SamplingParams
 from minibatch.config import EngineConfig
 from minibatch.executor import StepOutput
@@ -134,6 +134,7 @@ def test_greedy_outputs_equal_with_speculation_under_every_policy(plain_tokens, 
     dict(enable_chunked_prefill=True, max_num_batched_tokens=24),
     dict(enable_prefix_caching=True, block_size=4),
     dict(num_kv_blocks=16, block_size=8),            # too few blocks: preemption and recompute
+    dict(attention_backend="torch"),                 # the verify chunk through the torch kernels
 ])
 def test_greedy_outputs_equal_with_chunking_prefix_caching_and_preemption(plain_tokens, options):
     llm = LLM("tiny", max_num_seqs=8, **SPEC, **options)
@@ -144,8 +145,9 @@ def test_greedy_outputs_equal_with_chunking_prefix_caching_and_preemption(plain_
     llm.engine.kv.check_invariants()
 
 
-def test_greedy_outputs_equal_transformers_with_speculation(tmp_path):
-    hf_model = make_checkpoint(tmp_path, "llama-gqa", seed=5)
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_greedy_outputs_equal_transformers_with_speculation(tmp_path, arch):
+    hf_model = make_checkpoint(tmp_path, arch, seed=5)
     prompts = [[9, 10, 11, 12, 13] * 5, [50, 60] * 12 + [70], [3, 4, 5, 6, 7, 8, 9, 100, 101]]
     expected = [hf_greedy(hf_model, p, 24) for p in prompts]
     llm = LLM(str(tmp_path), max_num_seqs=4, **SPEC)
