@@ -18,7 +18,7 @@ tiny    The embedded tiny model really run on this CPU: the measured time of loa
         rank-8 adapter into a slot (all 7 projections of 4 layers), and of a decode step of
         16 sequences with 0, 1 and 4 adapters in it (medians of ``--rounds`` rounds).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/multi_lora.py                  # all (~4 min here)
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/multi_lora.py                  # all (443 s on this loaded machine)
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/multi_lora.py --only router --seeds 1 2 3 4 5
 """
 
