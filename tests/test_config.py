@@ -117,7 +117,7 @@ def test_the_load_generator_and_the_corpus_do_not_import_torch():
 def test_the_top_level_is_the_engine_core():
     core = {"__init__", "__main__", "config", "sampling_params", "request", "llm", "engine", "scheduler",
             "admission", "kv_cache", "radix", "swap", "clock", "executor", "sampler", "tokenizer",
-            "timeline", "runner", "results", "kv_offload", "lora"}
+            "timeline", "runner", "results", "kv_offload", "lora", "overlap", "spec_decode"}
     assert {p.stem for p in ROOT.joinpath("minibatch").glob("*.py")} == core
 
 
