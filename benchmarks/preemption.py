@@ -15,6 +15,11 @@ victim  Recompute preemption under KV pressure. ``--n`` (400) requests, Poisson 
         tokens), recomputed tokens per preemption, TTFT p50 and throughput; the effect is
         waste(least_computed) / waste(last).
 
+classes The victim workload with every request drawn class 0 or 1 at random (pool 500 blocks),
+        still FCFS order: ``preemption_victim`` = ``last`` against ``lowest_priority`` (vLLM's
+        victim under ``--scheduling-policy priority``). The effect: class 0's preemptions and its
+        E2E p90, as ratios lowest_priority / last (the victim rule alone, without a priority order).
+
 priority  ``max_num_seqs`` is the bottleneck (vllm#40004): 16 sequence slots, a pool large enough
         for everyone. A background class (priority 1: prompts 512, outputs 512 tokens, 2 req/s)
         keeps the slots full; interactive requests (priority 0: prompts 256, outputs 32 tokens,
@@ -25,7 +30,7 @@ priority  ``max_num_seqs`` is the bottleneck (vllm#40004): 16 sequence slots, a 
         the interactive class's TTFT p50 / p90 ratio (preemptive / non-preemptive), with the
         background class's throughput ratio as its cost.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/preemption.py                 # both (~1 min here)
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/preemption.py                 # all three (~1.5 min here)
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/preemption.py --part victim --seeds 0 1 2 3 4
 """
 
@@ -41,7 +46,7 @@ from minibatch.policies.priority import PriorityPolicy
 from minibatch.results import percentiles, steady_state
 from minibatch.runner import run
 from minibatch.workload import RequestSpec, Workload
-from minibatch.workload.lengths import Fixed, Uniform
+from minibatch.workload.lengths import Uniform
 from minibatch.workload.synthetic import synthetic
 
 SIM = {"executor": "sim", "model": "llama-2-7b", "hardware": "a100-80g"}
@@ -95,6 +100,29 @@ def victim_part(args) -> dict:
     return out
 
 
+def classes_part(args) -> dict:
+    pool = args.pools[0]
+    print(f"\nvictim by class under FCFS, pool {pool} blocks, {args.n} requests of classes 0/1 at {args.rate} req/s")
+    print(f"{'seed':>4} {'rule':>16} {'class-0 preempt':>16} {'class-1 preempt':>16} {'class-0 E2E p90':>16} "
+          f"{'class-1 E2E p90':>16}")
+    pre, e2e = [], []
+    for seed in args.seeds:
+        wl = synthetic(args.n, rate=args.rate, input_len=Uniform(256, 768), output_len=Uniform(128, 384), seed=seed,
+                       priorities=[0, 1], name="two-class")
+        rows = {}
+        for rule in ("last", "lowest_priority"):
+            mid = steady_state(run(wl, **SIM, num_kv_blocks=pool, preemption_victim=rule).requests, 0.1)
+            by = {c: [q for q in mid if q.priority == c] for c in (0, 1)}
+            rows[rule] = r = {c: (sum(q.num_preemptions for q in by[c]), percentiles([q.e2e for q in by[c]], (90,))[90])
+                              for c in (0, 1)}
+            print(f"{seed:>4} {rule:>16} {r[0][0]:>16} {r[1][0]:>16} {r[0][1]:>16.2f} {r[1][1]:>16.2f}")
+        pre.append(rows["lowest_priority"][0][0] / max(rows["last"][0][0], 1))
+        e2e.append(rows["lowest_priority"][0][1] / rows["last"][0][1])
+    res = {"preempt": float(np.median(pre)), "e2e_p90": float(np.median(e2e))}
+    print(f"class 0, lowest_priority / last: preemptions x{res['preempt']:.2f}, E2E p90 x{res['e2e_p90']:.2f} (medians)")
+    return res
+
+
 def priority_workload(duration: float, seed: int) -> Workload:
     rng = np.random.default_rng(seed)
     specs = []
@@ -143,7 +171,7 @@ def priority_part(args) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--part", choices=("victim", "priority", "both"), default="both")
+    ap.add_argument("--part", choices=("victim", "classes", "priority", "all"), default="all")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--n", type=int, default=400)
     ap.add_argument("--rate", type=float, default=3.0)
@@ -151,9 +179,11 @@ def main(argv=None) -> None:
     ap.add_argument("--duration", type=float, default=120.0)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    if args.part in ("victim", "both"):
+    if args.part in ("victim", "all"):
         victim_part(args)
-    if args.part in ("priority", "both"):
+    if args.part in ("classes", "all"):
+        classes_part(args)
+    if args.part in ("priority", "all"):
         priority_part(args)
     print(f"\n{time.perf_counter() - t0:.0f} s")
 
