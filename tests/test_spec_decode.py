@@ -135,8 +135,11 @@ def test_greedy_outputs_equal_with_speculation_under_every_policy(plain_tokens, 
     dict(enable_prefix_caching=True, block_size=4),
     dict(num_kv_blocks=16, block_size=8),            # too few blocks: preemption and recompute
     dict(attention_backend="torch"),                 # the verify chunk through the torch kernels
+    dict(preemption_mode="swap", num_kv_blocks=16, block_size=8),
+    dict(kv_allocator="contiguous", max_model_len=128, num_kv_blocks=64),
+    dict(enable_prefix_caching=True, kv_offload_blocks=32, num_kv_blocks=16, block_size=8),   # a host tier
 ])
-def test_greedy_outputs_equal_with_chunking_prefix_caching_and_preemption(plain_tokens, options):
+def test_greedy_outputs_equal_with_chunking_prefix_caching_preemption_and_allocators(plain_tokens, options):
     llm = LLM("tiny", max_num_seqs=8, **SPEC, **options)
     prompts = PROMPTS + PROMPTS[:2] if options.get("enable_prefix_caching") else PROMPTS
     expected = plain_tokens + plain_tokens[:2] if options.get("enable_prefix_caching") else plain_tokens
