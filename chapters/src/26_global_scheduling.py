@@ -763,6 +763,9 @@ assert fc_sweep[hi_cap]["hi_p90"] > 2 * fc_sweep[FC_CAP]["hi_p90"]
 #
 # 网关流控与引擎的优先级调度不是二选一：流控管“放不放、先放谁”（档、租户、超时 `queue_timeout_s`、队列上限 `max_queued`，
 # 被拒的请求带着原因返回，一个也不丢），引擎管“放进来之后怎么排”。`benchmarks/flow_control.py` 在同样的设置上给出这些比值与上限的扫描。
+# 26.6 节的 HTTP 路由器也有同样的流控：`.venv/bin/python -m minibatch router --flow-control --flow-max-requests-per-upstream N ...`
+# （`minibatch/serving/flow.py`）：档取自请求头 `X-Minibatch-Priority`（或请求体的 `priority`），租户取自 llm-d 的请求头
+# `X-Gateway-Inference-Fairness-Id`（或 `user`），“有空位”由轮询来的负载与路由器自己的在途计数判断，超时或队列满时回答 429。
 
 # %% [markdown]
 # ## 小结
