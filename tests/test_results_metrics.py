@@ -21,6 +21,7 @@ NAN_KEYS = [f"{m}_{s}" for m in ("ttft", "tpot", "itl", "e2e", "queue_delay") fo
 BASE_KEYS = {"num_requests", "completed", "failed", "rejected", "rejected_reasons", "duration_s",
              "total_input_tokens", "total_output_tokens", "request_throughput", "throughput_tok_s",
              "total_throughput_tok_s", *NAN_KEYS, "prefix_cache_hit_rate", "num_preemptions",
+             "num_computed_tokens", "num_recomputed_tokens", "recompute_waste",
              "num_swapped_blocks", "kv_util_mean", "kv_util_max", "kv_reserved_unused_mean",
              "kv_internal_waste_mean", "kv_reserved_mean", "kv_internal_frag_mean", "kv_external_frag_mean",
              "padding_waste"}
@@ -407,7 +408,7 @@ def test_run_result_to_json_content():
     assert a == {"request_id": "a", "arrival_time": 0.0, "prompt_len": 4, "output_len": 2, "priority": 0,
                  "tenant": None, "first_scheduled_time": 0.0, "first_token_time": 0.5, "finish_time": 1.0,
                  "num_preemptions": 0, "num_cached_tokens": 0, "finish_reason": "length", "error": None,
-                 "replica": None, "model": None}
+                 "replica": None, "model": None, "computed_tokens": 0, "recomputed_tokens": 0}
     assert b["finish_reason"] == "rejected" and b["error"] == "too long"
     assert "goodput" not in json.loads(r.to_json())["summary"]
 
