@@ -16,7 +16,9 @@ replicas with Ray Serve's rule (``minibatch.cluster.autoscaler``); ``migration=T
 link_gbps=...)`` prefills on P replicas and decodes on D others, the prompt's KV blocks sent over a
 link in between (DistServe, ``minibatch.cluster.disagg``; ``goodput_per_gpu`` is its figure of
 merit); ``failures=[ReplicaFailure(replica, at_s)]`` kills replicas mid-run and re-dispatches what
-they held (``minibatch.cluster.failures``); several models sharing one GPU (memory partitioning,
+they held (``minibatch.cluster.failures``); ``flow_control=FlowControl(max_requests_per_replica=...)``
+holds arrivals at the router, in priority bands and fair across tenants, until a replica has room
+(llm-d's flow control, ``minibatch.cluster.flow_control``); several models sharing one GPU (memory partitioning,
 time-slicing) and placements of models over GPUs are ``minibatch.cluster.multimodel.run``;
 ``ClusterResult.requests`` holds every record (each with
 ``.replica``), ``ClusterResult.replicas`` one ``RunResult`` per replica. How the event loop
@@ -43,9 +45,10 @@ from minibatch.cluster import routers
 from minibatch.cluster.autoscaler import Autoscaler
 from minibatch.cluster.disagg import Disaggregation, goodput_per_gpu
 from minibatch.cluster.failures import ReplicaFailure
+from minibatch.cluster.flow_control import FlowControl
 from minibatch.cluster.migration import Migration
 from minibatch.cluster.replica import Replica, ReplicaView
 from minibatch.cluster.routers import Router, available, register
 from minibatch.cluster.runner import ClusterResult, run
 
-__all__ = ["Autoscaler", "ClusterResult", "Disaggregation", "Migration", "Replica", "ReplicaFailure", "ReplicaView", "Router", "available", "goodput_per_gpu", "register", "routers", "run"]
+__all__ = ["Autoscaler", "ClusterResult", "Disaggregation", "FlowControl", "Migration", "Replica", "ReplicaFailure", "ReplicaView", "Router", "available", "goodput_per_gpu", "register", "routers", "run"]
