@@ -251,10 +251,6 @@ class EngineConfig:
             if isinstance(choices, tuple) and getattr(self, f.name) is not None \
                     and getattr(self, f.name) not in choices:
                 raise ValueError(f"unknown {f.name} {getattr(self, f.name)!r}; expected one of {choices}")
-        if self.enable_lora and self.enable_prefix_caching:
-            raise ValueError("enable_lora with enable_prefix_caching is not supported: cached KV blocks are keyed by "
-                             "their tokens only, and a block computed with one LoRA adapter must not serve a request "
-                             "with another (vLLM adds lora_int_id to the block hash); turn one of them off")
         if self.kv_allocator == "contiguous" and self.enable_prefix_caching:
             raise ValueError("enable_prefix_caching needs kv_allocator='paged' (a contiguous reservation "
                              "cannot share blocks)")

@@ -12,7 +12,9 @@ request owns, as vLLM's block manager does (Kwon et al., *PagedAttention*, SOSP'
   same first ``k * block_size`` tokens share their first ``k`` blocks (reference
   counted); unreferenced cached blocks stay reusable until evicted in LRU order. A
   radix tree (``minibatch.radix``) mirrors the same cached blocks for the ``lpm``
-  policy, which asks how much of a waiting request is cached.
+  policy, which asks how much of a waiting request is cached. A LoRA request's chain
+  starts from its adapter (``chain_root``): its blocks are hits for that adapter only,
+  and the radix tree (tokens only) leaves them out.
 
 Two allocators, for chapter 6's measurements of waste:
 
@@ -68,8 +70,8 @@ class BlockPool:
 
     A free block may still hold a cached prefix (``block_hash`` set): it is reused as is
     by a later hit, or evicted (its hash dropped) when the queue hands it out. With a
-    ``radix`` tree, every cached block is also a node of the tree, and evicting a block
-    drops it and the blocks cached below it from both indexes.
+    ``radix`` tree, every cached base-model block is also a node of the tree, and evicting a
+    block drops it and the blocks cached below it from both indexes.
     """
 
     def __init__(self, num_blocks: int, radix: RadixTree | None = None):
@@ -168,9 +170,10 @@ class BlockPool:
         return self.cached.get(block_hash)
 
     def register(self, block_id: int, block_hash: int, parent_hash: int | None = None,
-                 tokens: tuple | None = None) -> bool:
+                 tokens: tuple | None = None, index: bool = True) -> bool:
         """Cache ``block_id`` under ``block_hash``; False if that prefix is cached already
-        (by another block), or its parent prefix is not cached (it could never be hit)."""
+        (by another block), or its parent prefix is not cached (it could never be hit).
+        ``index=False`` keeps it out of the radix tree (a LoRA adapter's block)."""
         block = self.blocks[block_id]
         if block.block_hash is not None or block_hash in self.cached:
             return False
@@ -178,7 +181,7 @@ class BlockPool:
             return False
         block.block_hash = block_hash
         self.cached[block_hash] = block_id
-        if self.radix is not None:
+        if self.radix is not None and index:
             parent = None if parent_hash is None else self.cached[parent_hash]
             self.radix.add(parent, tokens, block_id)
         return True
@@ -187,6 +190,15 @@ class BlockPool:
 def hash_block(parent_hash: int | None, tokens: tuple[int, ...]) -> int:
     """``h_i = hash((h_{i-1}, tokens_i))``: equal hashes mean equal whole prefixes."""
     return hash((parent_hash, tokens))
+
+
+def chain_root(req: Request) -> int | None:
+    """The ``h_{-1}`` a request's hash chain starts from: None for the base model; a LoRA
+    request's adapter id otherwise, so that a block computed with one adapter (or none) is
+    never a hit for another (vLLM puts ``lora_int_id`` in the block hash's extra keys:
+    ``vllm/v1/core/kv_cache_utils.py`` ``_gen_lora_extra_hash_keys``, v0.11.0)."""
+    lr = getattr(req, "lora_request", None)
+    return None if lr is None else hash(("lora", lr.lora_int_id))
 
 
 class KVCacheManager:
@@ -304,7 +316,7 @@ class KVCacheManager:
         bs = self.block_size
         max_blocks = (req.num_tokens - 1) // bs
         hits: list[int] = []
-        parent = None
+        parent = chain_root(req)
         tokens = req.all_token_ids
         for i in range(max_blocks):
             parent = hash_block(parent, tuple(tokens[i * bs:(i + 1) * bs]))
@@ -345,15 +357,17 @@ class KVCacheManager:
         num_full = req.num_computed_tokens // bs
         first = len(hashes)
         tokens = None
+        root = chain_root(req)
         while len(hashes) < num_full:
             i = len(hashes)
             if tokens is None:
                 tokens = req.all_token_ids
             parent = hashes[-1] if hashes else None
             chunk = tuple(tokens[i * bs:(i + 1) * bs])
-            h = hash_block(parent, chunk)
+            h = hash_block(root if parent is None else parent, chunk)
             hashes.append(h)
-            self.pool.register(blocks[i], h, parent, chunk)
+            # The radix tree (the lpm policy's estimate) indexes base-model blocks only.
+            self.pool.register(blocks[i], h, parent, chunk, index=root is None)
         if self.host is not None and self.host.policy == "write_through" and len(hashes) > first:
             self.host.store(zip(hashes[first:], blocks[first:len(hashes)]), on_critical_path=False)
 
@@ -392,7 +406,7 @@ class KVCacheManager:
             blocks = self.req_blocks[req.request_id] = list(computed_blocks)
             if computed_blocks and self.enable_prefix_caching:
                 hashes = []
-                parent = None
+                parent = chain_root(req)
                 tokens = req.all_token_ids
                 for i in range(len(computed_blocks)):
                     parent = hash_block(parent, tuple(tokens[i * self.block_size:(i + 1) * self.block_size]))

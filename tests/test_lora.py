@@ -195,11 +195,27 @@ def test_lora_request_without_enable_lora_and_a_reused_id_are_errors(lora_llm, t
         e.executor.add_lora(LoRARequest("someone-else", 2, adapter=requests[1].adapter))
 
 
-def test_lora_with_prefix_caching_is_refused_by_name():
-    """A cached block is keyed by its tokens only: reusing a base-model block for an adapter's request
-    would give wrong tokens, so the combination is an error until blocks are keyed by adapter too."""
-    with pytest.raises(ValueError, match="enable_lora with enable_prefix_caching is not supported"):
-        EngineConfig.from_kwargs(enable_lora=True, enable_prefix_caching=True)
+@pytest.mark.parametrize("policy", ["continuous", "lpm"])
+def test_prefix_caching_keys_blocks_by_adapter(tiny_lora, policy):
+    """A block computed with one adapter (or the base model) is never a hit for another: before
+    blocks were keyed by adapter, an adapter's request after a base request with the same prompt
+    reused the base model's KV and came out with the base model's tokens. Within one adapter the
+    cache still hits. ``lpm`` walks the radix tree, which indexes base-model blocks only."""
+    requests, prompts, which, expected, base_out = tiny_lora
+    i = next(i for i, (p, w, e, b) in enumerate(zip(prompts, which, expected, base_out))
+             if w and e != b and len(p) > 32)
+    prompt, adapter = prompts[i], requests[which[i] - 1]
+    llm = LLM("tiny", enable_lora=True, enable_prefix_caching=True, max_loras=2, max_lora_rank=8, policy=policy)
+    full = (len(prompt) - 1) // 16 * 16           # whole blocks a hit can serve (one token is always computed)
+    runs = [(None, base_out[i], 0), (adapter, expected[i], 0), (adapter, expected[i], full), (None, base_out[i], full)]
+    for lora, want, cached in runs:
+        rid = llm.engine.add_request(prompt, GREEDY, lora_request=lora)
+        while llm.engine.has_unfinished_requests():
+            llm.engine.step()
+        req = llm.engine.requests[rid]
+        assert req.output_token_ids == want, f"{'adapter' if lora else 'base'} request: wrong tokens"
+        assert req.num_cached_tokens == cached, f"{'adapter' if lora else 'base'} request: {req.num_cached_tokens} cached"
+    llm.engine.kv.radix.check()
 
 
 def test_one_bad_adapter_never_fails_another_request(lora_llm, tiny_lora, tmp_path):

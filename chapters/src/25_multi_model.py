@@ -593,8 +593,9 @@ W.interact(explore, setup=W.Dropdown(options=list(SETUPS), value="partition"),
 #
 # minibatch 照此实现（`minibatch/lora.py`）：`LLM(..., enable_lora=True, max_loras=N, max_lora_rank=R)`，请求带 `lora_request=LoRARequest(name, id, path)`（PEFT 格式的目录，或内存里的适配器）。
 # 调度规则写在 `Scheduler._build` 里（对运行中的请求同样检查），槽位的加载与换出是 `AdapterSlots.activate`。
-# 前缀缓存（第 13 章）暂时不能与 LoRA 同开（配置时报错）：minibatch 的缓存块只按 Token 标识，而用一个适配器算出的 KV 不能给另一个适配器的请求用——
-# vLLM 0.11.0 把 `lora_int_id` 也算进块哈希（`vllm/v1/core/kv_cache_utils.py` 的 `_gen_lora_extra_hash_keys`）。
+# 前缀缓存（第 13 章）可以与 LoRA 同开，但缓存块不能只按 Token 标识：用一个适配器算出的 KV 不能给另一个适配器（或基座模型）的请求用。
+# vLLM 0.11.0 把 `lora_int_id` 也算进块哈希（`vllm/v1/core/kv_cache_utils.py` 的 `_gen_lora_extra_hash_keys`）；minibatch 让每个适配器的哈希链
+# 从各自的起点开始（`minibatch.kv_cache.chain_root`），同一个适配器的请求之间照样命中。
 
 # %%
 from minibatch import LLM, SamplingParams
