@@ -375,3 +375,25 @@ def test_simulated_speedup_falls_as_the_batch_grows():
     assert best_draft_length(cm, 1, 256, 0.6) > best_draft_length(cm, 1024, 256, 0.6)
     # A long context keeps the step memory-bound (the KV read does not grow with the drafts).
     assert spec_step_speedup(cm, 1024, 4096, 3, 0.6)["speedup"] > 1.0
+
+
+def test_metrics_page_has_vllms_spec_decode_counters_only_when_speculating():
+    from minibatch.serving.metrics import ServingMetrics, engine_gauges
+    from minibatch.serving.scrape import parse_page
+
+    pages = {}
+    for method in (None, "ngram"):
+        kw = dict(speculative_method="ngram", num_speculative_tokens=3) if method else {}
+        engine = LLMEngine(EngineConfig.from_kwargs(model="tiny", **kw))
+        for i in range(3):
+            engine.add_request([5, 6, 7, 8] * 6 + [9 + i], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+        pages[method] = (engine, parse_page(ServingMetrics("tiny").render(engine_gauges(engine), 0)))
+    labels = (("engine", "0"), ("model_name", "tiny"))
+    engine, page = pages["ngram"]
+    counts = engine.spec_decode_metrics()
+    assert counts["vllm:spec_decode_num_draft_tokens"] > 0
+    for name, value in counts.items():
+        assert page[(name + "_total", labels)] == value
+    assert not any(name.startswith("vllm:spec_decode") for name, _ in pages[None][1])

@@ -43,6 +43,11 @@ while ``vllm:prefix_cache_hits_total`` keeps the device's own; minibatch adds
 ``kv_offload_stored_blocks_total``, ``kv_offload_loaded_blocks_total``, ``kv_offload_dropped_blocks_total``
 and ``kv_offload_copy_seconds_total{direction="store"|"load"}``.
 
+With speculative decoding on (``speculative_method="ngram"``), vLLM's counters of it
+(``vllm/v1/spec_decode/metrics.py``, v0.11.0): ``vllm:spec_decode_num_drafts_total`` (sequence-steps
+that carried drafts), ``vllm:spec_decode_num_draft_tokens_total`` and
+``vllm:spec_decode_num_accepted_tokens_total``; the acceptance rate is accepted / draft tokens.
+
 Counters and histograms are fed by the engine's events (on the engine thread);
 gauges and the engine's cumulative counters come from the snapshot the engine thread
 publishes after every loop turn.
@@ -79,7 +84,8 @@ def engine_gauges(engine) -> dict:
             "recomputed_tokens": getattr(sched, "num_recomputed_tokens", 0),
             "prefix_queries": kv.prefix_queries, "prefix_hits": kv.prefix_hits,
             "prefix_host_hits": getattr(kv, "prefix_host_hits", 0),
-            "host_tier": _host_tier_counters(getattr(kv, "host", None))}
+            "host_tier": _host_tier_counters(getattr(kv, "host", None)),
+            "spec_decode": engine.spec_decode_metrics() if getattr(sched, "proposer", None) is not None else None}
 
 
 def _host_tier_counters(host) -> dict | None:
@@ -156,6 +162,12 @@ class _Snapshot:
             fam.add_metric(L + ["store"], tier["store_seconds"])
             fam.add_metric(L + ["load"], tier["load_seconds"])
             yield fam
+        spec = g.get("spec_decode")
+        if spec is not None:
+            for name, help_ in (("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+                                ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+                                ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")):
+                yield counter(name, help_, spec[name])
         yield gauge("minibatch:num_requests_in_flight", "HTTP requests admitted and not yet finished.",
                     self.num_in_flight)
         yield gauge("minibatch:kv_cache_used_blocks", "KV cache blocks in use.", g["kv_used_blocks"])
