@@ -4,7 +4,7 @@
 # 第 9 章把一步（Step）拆成五段：调度 → KV 分配 → 执行 → 采样 → 更新。执行（模型前向）在 GPU 上，其余四段都在 CPU 上，
 # 而且在同步引擎里它们**串行**：GPU 算完第 N 步，CPU 才开始记账、检查停止条件、为第 N+1 步排批、准备输入，这段时间 GPU 空着。
 # 模型越小、GPU 越快，这段空档占一步的比例越大。2025 年起，三家主流引擎都把它藏到了前向后面：
-# vLLM 的异步调度（Async Scheduling，`--async-scheduling`，PR #27614 起默认打开）、SGLang 的重叠调度器（Overlap Scheduler，默认打开）、
+# vLLM 的异步调度（Async Scheduling，`--async-scheduling`，PR #27614 改为默认打开，v0.14.0 起的发行版默认打开）、SGLang 的重叠调度器（Overlap Scheduler，默认打开）、
 # TensorRT-LLM PyTorch 后端的重叠调度器（默认打开）。做法相同：**第 N 步在 GPU 上算的时候，CPU 已经在规划第 N+1 步**。
 #
 # 本章在 minibatch 里实现它（`EngineConfig.async_scheduling`，`minibatch/overlap.py`），测量它在真实 tiny 模型和模拟的 H100 上省下多少，
@@ -391,6 +391,7 @@ assert all(same.values()) and preempted > 0
 # | vLLM v0.11.0（`vllm/config/scheduler.py`） | `SchedulerConfig.async_scheduling: bool = False`，注释标为 EXPERIMENTAL，当时不支持结构化输出、投机解码与流水线并行 | 打开时调度器类换成 `vllm.v1.core.sched.async_scheduler.AsyncScheduler` |
 # | vLLM PR #19970（提交于 2025-06-23，“Implement Async Scheduling”） | 引入实验性的 `--async-scheduling` | 仿照 NanoFlow 论文，调度器“提前一步”运行；关键是输出占位符；调度器与 GPU 工作进程须在不同进程里才能并行 |
 # | vLLM PR #27614（提交于 2025-10-27，“[Core] Enable async scheduling by default”，跟踪 issue #27679 “Async Scheduling Plan”） | 改为默认打开 | 正文：#27679 的障碍都已解决，并通过扩展 CI 测试 |
+# | vLLM v0.13.0 → v0.14.0（`vllm/config/scheduler.py`，`vllm/config/vllm.py`） | v0.13.0 仍是 `async_scheduling: bool = False`；v0.14.0 改为 `Field(default=None)`，`VllmConfig.__post_init__` 把 `None` 设为 `True`，除非流水线并行大于 1、投机解码不是 EAGLE/MTP 类（例如 n-gram）、`disable_padded_drafter_batch`，或执行器后端不支持 | 第一个默认打开的发行版是 v0.14.0；打开或关闭都打一行日志 “Asynchronous scheduling is enabled/disabled.” |
 # | vLLM v0.11.0（`vllm/v1/engine/core.py`，`vllm/v1/executor/multiproc_executor.py`） | 批队列长度 `max_concurrent_batches`：异步调度时为 2 | `step_with_batch_queue`：先提交新批、不等结果，下一次再处理最早一批的输出 |
 # | SGLang 0.5.3（`python/sglang/srt/server_args.py`，`python/sglang/srt/managers/scheduler.py`） | `disable_overlap_schedule: bool = False`，即默认重叠；`--disable-overlap-schedule` 的说明是“overlaps the CPU scheduler with GPU model worker”；流水线并行时被强制关闭 | `Scheduler.event_loop_overlap`：启动本批后，处理上一批的结果（`result_queue`）|
 # | TensorRT-LLM（commit `9521caf`，`tensorrt_llm/_torch/pyexecutor/py_executor.py`） | `PyExecutor.__init__(..., disable_overlap_scheduler=False)`；LLM API 的 `disable_overlap_scheduler` 字段默认 `False`，说明“Disable the overlap scheduler.”（`tensorrt_llm/llmapi/llm_args.py`，检索库所存版本） | 流水线并行大于 1 时事件循环取 `_executor_loop_pp`；否则 `disable_overlap_scheduler` 为假取 `_executor_loop_overlap`，为真取同步的 `_executor_loop` |
