@@ -4,6 +4,7 @@ cells) and in sync with its one source; and the grader trusts only the key."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -23,9 +24,26 @@ IDS = [lab.lab_id for lab in LABS]
 
 @pytest.fixture(scope="module")
 def kernel():
-    """One kernel for all notebook runs here: imports (torch, minibatch) are paid once."""
-    with shared_kernel(labs_dir()) as km:
+    """One kernel for all notebook runs here: imports (torch, minibatch) are paid once.
+
+    It starts with TRITON_INTERPRET=1, as the whole suite has it (tests/kernel_tests/conftest.py):
+    L05 sets it before importing triton, which is too late in a kernel where an earlier lab
+    imported triton already; this file alone then failed L05's reference ("Cannot call @triton.jit'd
+    outside of the scope of a kernel")."""
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        manager = shared_kernel(labs_dir())
+        km = manager.__enter__()
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+    try:
         yield km
+    finally:
+        manager.__exit__(None, None, None)
 
 
 def _cells(nb):
@@ -90,12 +108,18 @@ def test_the_reference_solution_passes(lab: Lab, kernel):
 def test_the_stubs_fail_exactly_at_the_check_cells(lab: Lab, kernel):
     report = grade(lab, lab.notebook_path, km=kernel)
     assert not any(t.passed for t in report.tasks), report.format()
+    key = nbformat.read(str(lab.key_path), as_version=4)
+    hidden = {c.get("id") for c in key.cells if "hidden" in c.metadata.get("tags", [])}
     checks = 0
     for c in report.cells:
         if c.role in ("context", "task"):
             assert c.ok, f"{c.cell_id} must run without the solutions: {c.describe()}"
             continue
         checks += 1
+        if c.status == "skipped":          # a hidden check, after its task's visible check failed
+            assert c.cell_id in hidden and any(v.tasks == c.tasks and v.status == "error" for v in report.cells
+                                               if v.role == "check" and v.cell_id not in hidden), c.cell_id
+            continue
         assert c.status == "error", f"{c.cell_id} should fail without the solutions ({c.status})"
         allowed = {f"{lab.lab_id} · task {t}" for t in c.tasks + c.needs}
         assert (c.ename == "NotImplementedError" and c.evalue in allowed) or c.ename == "AssertionError", \
@@ -357,11 +381,23 @@ def test_hidden_checks_are_graded_but_not_shown(mini, kernel, tmp_path):
     hidden = [c for c in key.cells if "hidden" in c.metadata.get("tags", [])]
     assert len(hidden) == 1 and hidden[0].id not in {c.id for c in learner.cells}
     # A double() that is right on the visible check (21 -> 42) but wrong elsewhere fails task 1.
-    path = _edit(mini, tmp_path, **{"task-1": "def double(x):\n    return 42 if x == 21 else 2 * x + 1",
+    path = _edit(mini, tmp_path, **{"task-1": "def double(x):\n    return {2: 4, 21: 42}.get(x, 2 * x + 1)",
                                     "task-2": "import math\nroot = math.sqrt"})
     report = grade(mini, path, km=kernel)
     t1 = report.tasks[0]
     assert not t1.passed and any("should be" in f for f in t1.failures), report.format()
+
+
+def test_a_hidden_check_is_not_run_while_a_visible_check_of_its_task_fails(mini, kernel, tmp_path):
+    """A wrong answer that fails the visible check of task 1 is told that first; the hidden check
+    of task 1 does not run (it would cost the grading its time, and say nothing new)."""
+    path = _edit(mini, tmp_path, **{"task-1": "def double(x):\n    return 2 * x + 1",
+                                    "task-2": "import math\nroot = math.sqrt"})
+    report = grade(mini, path, km=kernel)
+    cells = {c.cell_id: c for c in report.cells}
+    assert cells["check-1"].status == "error" and cells["check-1-b"].status == "skipped", report.format()
+    assert any("[check-1-b] hidden check not run" in f for f in report.tasks[0].failures), report.format()
+    assert cells["check-2"].status == "mismatch", "task 2's check still runs (and shows task 1's wrong double)"
 
 
 def test_a_multi_line_assertion_message_reaches_the_learner_whole(mini, kernel, tmp_path):

@@ -244,6 +244,11 @@ def _client_class():
             return kc
 
         async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
+            skip = getattr(self, "skip_cell", None)
+            if skip is not None and cell.cell_type == "code" and skip(cell):
+                cell.outputs, cell.execution_count = [], None
+                cell.metadata.setdefault("minibatch", {})["skipped"] = True
+                return cell
             if cell.cell_type != "markdown" or "{{" not in cell.source:
                 return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
             template = template_of(cell)
@@ -273,13 +278,16 @@ def _client_class():
 
 
 def execute(nb: nbformat.NotebookNode, cwd: str | Path, timeout: int = 300,
-            allow_errors: bool = False, km: LabKernelManager | None = None) -> ExecutionAborted | None:
+            allow_errors: bool = False, km: LabKernelManager | None = None,
+            skip=None) -> ExecutionAborted | None:
     """Run ``nb`` in place; return the reason if the kernel died before the end.
 
     A fresh kernel runs it unless ``km`` (from :func:`shared_kernel`) is given. Building
     (``allow_errors=False``): the first error or timeout raises. Grading
     (``allow_errors=True``): every cell runs; a cell that runs past ``timeout`` seconds
     is interrupted and shows a ``KeyboardInterrupt`` error, and the next cell runs.
+    ``skip(cell)``, asked before each code cell: True leaves it unrun (no outputs, its
+    metadata ``minibatch.skipped`` set).
     """
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
@@ -299,6 +307,7 @@ def execute(nb: nbformat.NotebookNode, cwd: str | Path, timeout: int = 300,
                             allow_errors=allow_errors, interrupt_on_timeout=allow_errors,
                             shutdown_kernel="immediate", record_timing=False,
                             resources={"metadata": {"path": str(cwd)}})
+    client.skip_cell = skip
     aborted = None
     try:
         client.execute(cwd=str(cwd))

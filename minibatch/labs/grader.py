@@ -37,7 +37,7 @@ class CellResult:
     role: str                      # "task" | "check" | "context"
     tasks: list[int]               # task cells: their tasks; check cells: [checked task]
     needs: list[int] = field(default_factory=list)
-    status: str = "pass"           # "pass" | "error" | "mismatch" | "not run"
+    status: str = "pass"           # "pass" | "error" | "mismatch" | "not run" | "skipped"
     ename: str | None = None
     evalue: str | None = None
     where: str | None = None       # the source line that raised, from the traceback
@@ -57,6 +57,8 @@ class CellResult:
             return f"output differs from the answer key:\n{self.diff}"
         if self.status == "not run":
             return "did not run" + (f" ({self.evalue})" if self.evalue else "")
+        if self.status == "skipped":
+            return "hidden check not run: a visible check of this task fails; fix that first"
         return "ok"
 
 
@@ -254,8 +256,28 @@ def grade(lab: Lab, notebook: str | Path, timeout: int = 300, key_path: str | Pa
         for cell in nb.cells:
             if _role(cell) == "check" and not set(_numbers(_tags(cell), "check")) & selected:
                 cell.source = ""                   # not graded this time
-    aborted = execute(nb, cwd=lab.root, timeout=timeout, allow_errors=True, km=km)
+    aborted = execute(nb, cwd=lab.root, timeout=timeout, allow_errors=True, km=km, skip=_skip_hidden(nb))
     return _report(lab, key, nb, str(notebook), notes, aborted, timeout, selected)
+
+
+def _skip_hidden(nb):
+    """A hidden check of a task whose visible check already raised is not run: the learner
+    fixes what the visible check says first, and grading a wrong answer stays quick."""
+    def skip(cell) -> bool:
+        tags = _tags(cell)
+        tasks = set(_numbers(tags, "check"))
+        if "hidden" not in tags or not tasks:
+            return False
+        for c in nb.cells:
+            if c is cell:
+                return False
+            ctags = _tags(c)
+            if ("hidden" not in ctags and set(_numbers(ctags, "check")) & tasks
+                    and _error_of(c.get("outputs", [])) is not None):
+                return True
+        return False
+
+    return skip
 
 
 def with_needs(key, tasks) -> set[int]:
@@ -295,7 +317,9 @@ def _report(lab: Lab, key, ran, notebook: str, notes: list[str], aborted, timeou
             continue                                   # not graded this time
         res = CellResult(i, kc.get("id", f"#{i}"), role, tasks, _numbers(tags, "needs"))
         err = _error_of(rc.outputs)
-        if err is not None:
+        if rc.get("metadata", {}).get("minibatch", {}).get("skipped"):
+            res.status = "skipped"
+        elif err is not None:
             res.status, res.ename = "error", err.ename
             res.evalue = _message(sanitize(err.evalue))
             res.where = _raising_line(err.get("traceback", []))
