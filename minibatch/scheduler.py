@@ -48,6 +48,7 @@ from minibatch.kv_cache import KVCacheManager
 from minibatch.lora import lora_id
 from minibatch.policies import Policy, SchedulerState, make_policy
 from minibatch.request import Request, RequestStatus
+from minibatch.spec_decode import NgramProposer, can_speculate, draft_length, lookup_range, max_drafts
 
 
 def is_decode(num_new_tokens: int) -> bool:
@@ -118,7 +119,6 @@ class Scheduler:
         # may replace it (the simulator's executor drafts placeholders).
         self.proposer = None
         if config.speculative_method == "ngram":
-            from minibatch.spec_decode import NgramProposer, lookup_range
             self.proposer = NgramProposer(*lookup_range(config.prompt_lookup_min, config.prompt_lookup_max))
 
     @property
@@ -288,11 +288,10 @@ class Scheduler:
     def _draft_length(self) -> int:
         """Drafts per speculating sequence this step (0: speculation off), chosen by the number
         of running requests (``num_speculative_tokens_per_batch_size``). Clears last step's drafts."""
+        if self.proposer is None:       # no drafts to clear: none were ever set
+            return 0
         for r in self.running:
             r.spec_token_ids = []
-        if self.proposer is None:
-            return 0
-        from minibatch.spec_decode import draft_length
         c = self.config
         return draft_length(c.num_speculative_tokens, c.num_speculative_tokens_per_batch_size, len(self.running))
 
@@ -312,7 +311,6 @@ class Scheduler:
     def _drafts(self, req: Request, k: int, room: int) -> list[int]:
         """The proposer's drafts for a running decode: at most ``k``, what the budget has room
         for, and what the request can still keep (:func:`minibatch.spec_decode.max_drafts`)."""
-        from minibatch.spec_decode import can_speculate, max_drafts
         k = min(k, room, max_drafts(req, self.max_model_len))
         if k <= 0 or not can_speculate(req):
             return []
